@@ -1,0 +1,40 @@
+# One entry point for set-up, the main job and the tests.
+# `make setup` is idempotent: a second run on the same machine only checks a stamp file.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-done
+
+# fairseq-fixed's own requirements pull in torchaudio and scikit-learn, which translation
+# does not use (and torchaudio drags in another torch): install it with --no-deps and
+# list what it really needs at run time here.
+FAIRSEQ := fairseq-fixed==0.12.3.1
+FAIRSEQ_RUNTIME := hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu tqdm numpy cffi cython
+TOOLS := sacrebleu subword-nmt sacremoses matplotlib tensorboardX tensorboard
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install cython numpy setuptools wheel $(FAIRSEQ_RUNTIME) $(TOOLS)
+	$(PY) -c "import fairseq" 2>/dev/null || $(PIP) install --no-build-isolation --no-deps $(FAIRSEQ)
+	$(PIP) install -e '.[test]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) examples/quickstart/quickstart.py
+
+test: setup
+	$(PY) -m pytest tests -q
+
+bench: setup
+	$(PY) benchmarks/normalizers.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
