@@ -8,10 +8,11 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 
 # fairseq-fixed's own requirements pull in torchaudio and scikit-learn, which translation
-# does not use (and torchaudio drags in another torch): install it with --no-deps and
-# list what it really needs at run time here.
+# does not use (torchaudio drags in another torch): install it with --no-deps and
+# list what it really needs at run time here (scikit-learn: fairseq imports every task at
+# start-up, audio_classification among them, which imports sklearn).
 FAIRSEQ := fairseq-fixed==0.12.3.1
-FAIRSEQ_RUNTIME := hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu tqdm numpy cffi cython
+FAIRSEQ_RUNTIME := hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu tqdm numpy cffi cython scikit-learn
 TOOLS := sacrebleu subword-nmt sacremoses matplotlib tensorboardX tensorboard
 
 .PHONY: setup demo test bench clean
