@@ -1,6 +1,15 @@
 """fairseq-entmax: sparse attention for fairseq's Transformer.
 
 `fairseq_entmax.normalizers` needs only torch. Importing the package with fairseq installed
-(as `fairseq-train --user-dir fairseq_entmax` does) also registers the models.
+(as `fairseq-train --user-dir fairseq_entmax` does) also registers the models and lets
+fairseq load checkpoints with torch's safe (weights_only) unpickler; without fairseq the
+package still imports, and fairseq_entmax.modules / fairseq_entmax.models raise an
+ImportError that says how to install it.
 """
 from fairseq_entmax import normalizers  # noqa: F401
+from fairseq_entmax._fairseq_required import fairseq_available
+
+if fairseq_available():
+    from fairseq_entmax import checkpoint_safety, models  # noqa: F401
+
+    checkpoint_safety.allow_fairseq_checkpoints()

@@ -1,0 +1,187 @@
+"""fairseq's MultiheadAttention with the softmax replaced by any normalizer of the registry."""
+import math
+
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, alpha_entmax, get_normalizer
+
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
+# alpha of the normalizers whose alpha is fixed (contract: head_alpha()).
+FIXED_ALPHA = {"softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}
+
+# --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
+_MAX_SIGMOID = 1.0 - 1e-6
+
+
+def alpha_logit_for(alpha):
+    """The logit a with 1 + sigmoid(a) = alpha, for alpha in (1, 2] (2 gives 1.999999)."""
+    p = min(alpha - 1.0, _MAX_SIGMOID)
+    return math.log(p / (1.0 - p))
+
+
+def topk_for_key_length(key_len, topk, topk_fraction, topk_min):
+    """Number of keys top-k attention keeps per query.
+
+    A fixed `topk`, or with `topk_fraction` F: max(topk_min, ceil(F * key_len)), where
+    key_len is the number of keys of the attention call (padding included).
+    """
+    if topk_fraction is None:
+        return topk
+    return max(topk_min, math.ceil(topk_fraction * key_len))
+
+
+class SparseMultiheadAttention(MultiheadAttention):
+    """Multi-head attention whose attention weights come from `normalizer_name`.
+
+    Everything but the normalizer is fairseq's MultiheadAttention: projections, masks,
+    incremental state, beam reordering, dropout and the returned weights, which are the
+    (possibly sparse) probabilities the values are averaged with.
+
+    Learned alpha (normalizer "alpha_entmax"): one parameter `alpha_logit` per head,
+    alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp), initialised from N(0, 1)
+    (alpha_init="random", as Correia et al. did) or so that every head starts at
+    alpha_init.
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        *,
+        attention_type,
+        normalizer_name,
+        alpha_init="random",
+        alpha_clamp=(1.01, 2.0),
+        topk=8,
+        topk_fraction=None,
+        topk_min=1,
+        **multihead_attention_kwargs,
+    ):
+        if attention_type not in ATTENTION_TYPES:
+            raise ValueError(
+                f"attention_type must be one of {', '.join(ATTENTION_TYPES)}, got {attention_type!r}"
+            )
+        if normalizer_name not in NORMALIZER_NAMES:
+            raise ValueError(
+                f"unknown normalizer {normalizer_name!r}; known: {', '.join(NORMALIZER_NAMES)}"
+            )
+        if multihead_attention_kwargs.get("xformers_att_config") is not None:
+            raise ValueError(
+                "xformers attention computes its own softmax and would bypass "
+                f"{normalizer_name}: do not combine --*-xformers-att-config with fairseq_entmax"
+            )
+        super().__init__(embed_dim, num_heads, **multihead_attention_kwargs)
+        # fairseq sends calls without incremental state to PyTorch's fused
+        # F.multi_head_attention_forward, whose softmax cannot be replaced. This flag is
+        # fairseq's own switch that keeps every call on its Python path (the path that
+        # honours before_softmax, which forward() builds on).
+        self._set_skip_embed_dim_check()
+        self.attention_type = attention_type
+        self.normalizer_name = normalizer_name
+        self.alpha_clamp = (float(alpha_clamp[0]), float(alpha_clamp[1]))
+        self.topk = topk
+        self.topk_fraction = topk_fraction
+        self.topk_min = topk_min
+        self._normalizer = get_normalizer(normalizer_name)
+        if normalizer_name == "alpha_entmax":
+            if alpha_init == "random":
+                initial = torch.randn(num_heads)
+            else:
+                initial = torch.full((num_heads,), alpha_logit_for(float(alpha_init)))
+            self.alpha_logit = nn.Parameter(initial)
+        else:
+            self.alpha_logit = None
+
+    def extra_repr(self):
+        text = f"attention_type={self.attention_type}, normalizer={self.normalizer_name}"
+        if self.normalizer_name == "alpha_entmax":
+            text += f", alpha_clamp={self.alpha_clamp}"
+        if self.normalizer_name == "topk":
+            text += (
+                f", topk={self.topk}" if self.topk_fraction is None
+                else f", topk_fraction={self.topk_fraction}, topk_min={self.topk_min}"
+            )
+        return text
+
+    def head_alpha(self):
+        """Each head's current alpha, shape (num_heads,); None for top-k (not an entmax)."""
+        if self.normalizer_name == "topk":
+            return None
+        if self.alpha_logit is not None:
+            low, high = self.alpha_clamp
+            return torch.clamp(1.0 + torch.sigmoid(self.alpha_logit.float()), low, high)
+        return torch.full(
+            (self.num_heads,), FIXED_ALPHA[self.normalizer_name],
+            device=self.q_proj.weight.device,
+        )
+
+    def normalize(self, scores):
+        """Attention probabilities from scores of shape (batch * heads, queries, keys)."""
+        if self.normalizer_name == "alpha_entmax":
+            per_head = scores.view(-1, self.num_heads, scores.size(1), scores.size(2))
+            alpha = self.head_alpha().to(scores.dtype).view(1, self.num_heads, 1, 1)
+            return alpha_entmax(per_head, alpha, dim=-1).view_as(scores)
+        if self.normalizer_name == "topk":
+            k = topk_for_key_length(scores.size(-1), self.topk, self.topk_fraction, self.topk_min)
+            return self._normalizer(scores, k, dim=-1)
+        return self._normalizer(scores, dim=-1)
+
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        incremental_state=None,
+        need_weights=True,
+        static_kv=False,
+        attn_mask=None,
+        before_softmax=False,
+        need_head_weights=False,
+    ):
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.size()
+        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        # fairseq's own code up to the softmax: projections, incremental state, bias_kv,
+        # zero_attn, attention mask (additive) and key padding (-inf).
+        scores, v = super().forward(
+            query, key, value,
+            key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state,
+            need_weights=False,
+            static_kv=static_kv,
+            attn_mask=attn_mask,
+            before_softmax=True,
+        )
+        if before_softmax:
+            return scores, v
+        src_len = scores.size(-1)
+        weights_float = self.normalize(scores.float())
+        weights = weights_float.type_as(scores)
+        probs = self.dropout_module(weights)
+
+        kv_bsz = v.size(0) // self.num_heads
+        if self.encoder_decoder_attention and bsz != kv_bsz:
+            # fairseq's beamable cross attention: keys/values are stored once per sentence,
+            # not once per beam hypothesis.
+            attn = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                probs.view((kv_bsz, -1, self.num_heads) + probs.size()[1:]),
+                v.view((kv_bsz, self.num_heads) + v.size()[1:]),
+            )
+            attn = attn.reshape((-1,) + attn.size()[-2:])
+        else:
+            attn = torch.bmm(probs, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
+        attn = self.out_proj(attn)
+
+        returned_weights = None
+        if need_weights:
+            returned_weights = weights_float.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+            if not need_head_weights:
+                returned_weights = returned_weights.mean(dim=0)
+        return attn, returned_weights

@@ -1,0 +1,70 @@
+"""fairseq's Transformer encoder and decoder layers, built with SparseMultiheadAttention.
+
+Only the attention factories fairseq provides for this are overridden; the layers'
+forward passes are fairseq's.
+"""
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
+
+
+def sparse_attention_options(cfg, attention_type):
+    """Keyword arguments of SparseMultiheadAttention for one attention type, read from the
+    model config (set by the model's options and architecture defaults)."""
+    normalizer = getattr(cfg, f"{attention_type}_attention_normalizer", None)
+    return dict(
+        attention_type=attention_type,
+        normalizer_name=normalizer or cfg.attention_normalizer,
+        alpha_init=cfg.alpha_init,
+        alpha_clamp=cfg.alpha_clamp,
+        topk=cfg.topk,
+        topk_fraction=cfg.topk_fraction,
+        topk_min=cfg.topk_min,
+    )
+
+
+class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg):
+        return SparseMultiheadAttention(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            self_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+            **sparse_attention_options(cfg, "encoder_self"),
+        )
+
+
+class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        return SparseMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            dropout=cfg.attention_dropout,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=not cfg.cross_self_attention,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.decoder.xformers_att_config,
+            **sparse_attention_options(cfg, "decoder_self"),
+        )
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return SparseMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            xformers_att_config=cfg.encoder.xformers_att_config,
+            **sparse_attention_options(cfg, "cross"),
+        )
