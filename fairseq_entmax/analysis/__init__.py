@@ -1,0 +1,10 @@
+"""What the attention heads of fairseq checkpoints learned: learned alpha, density, head
+diversity, positional and BPE-merging heads (the analyses of Correia et al., 2019).
+
+`analyze(paths, data, output_dir, ...)` is the Python entry point; the console script
+`fairseq-entmax-analyze` (fairseq_entmax.analysis.cli) calls it. fairseq is imported only when
+a checkpoint is loaded; `fairseq_entmax.analysis.metrics` needs torch only.
+"""
+from fairseq_entmax.analysis.pipeline import analyze
+
+__all__ = ["analyze"]

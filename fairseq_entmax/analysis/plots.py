@@ -1,0 +1,278 @@
+"""PNG figures of the analysis (matplotlib, non-interactive Agg backend)."""
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fairseq_entmax.analysis.capture import ATTENTION_TYPES  # noqa: E402
+
+# Attention maps: exact zeros (sparse attention) white, any nonzero weight visibly blue.
+_NONZERO_CMAP = matplotlib.colors.LinearSegmentedColormap.from_list(
+    "nonzero_blues", plt.get_cmap("Blues")(np.linspace(0.15, 1.0, 256)))
+_NONZERO_CMAP.set_under("white")
+_SMALLEST_SHOWN = 1e-12
+
+TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
+          "cross": "encoder-decoder attention"}
+
+
+def file_label(name):
+    """A model name made safe for a file name."""
+    return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
+
+
+def _types(models):
+    return [t for t in ATTENTION_TYPES if any(t in m["normalizers"] for m in models)]
+
+
+def _grid(rows, attention, key, layers, heads):
+    """layers x heads array of rows[key] for one attention type (NaN where None)."""
+    grid = np.full((layers, heads), np.nan)
+    for row in rows:
+        if row["attention"] == attention and row[key] is not None:
+            grid[row["layer"], row["head"]] = row[key]
+    return grid
+
+
+def _shape(model, attention):
+    rows = [r for r in model["density"] if r["attention"] == attention]
+    return max(r["layer"] for r in rows) + 1, max(r["head"] for r in rows) + 1
+
+
+def _heatmap(ax, fig, grid, title, vmin, vmax, colorbar_label):
+    """layers x heads heatmap; cells without a value (NaN) are grey and read n/a."""
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("lightgrey")
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_yticks(range(grid.shape[0]))
+    if grid.size <= 128:  # values are readable only in small grids
+        for (layer, head), value in np.ndenumerate(grid):
+            missing = np.isnan(value)
+            bright = not missing and (value - vmin) / (vmax - vmin) > 0.6
+            ax.text(head, layer, "n/a" if missing else f"{value:.2f}", ha="center", va="center",
+                    fontsize=7, color="k" if missing or bright else "w")
+    fig.colorbar(image, ax=ax, label=colorbar_label)
+
+
+def _save(fig, path):
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def alpha_heatmap(model, output_dir):
+    """One heatmap of alpha (layers x heads) per attention type; None if no head has an alpha."""
+    types = [t for t in _types([model]) if any(
+        r["alpha"] is not None for r in model["alpha"] if r["attention"] == t)]
+    if not types:
+        return None
+    fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
+    for ax, attention in zip(axes[0], types):
+        layers, heads = _shape(model, attention)
+        grid = _grid(model["alpha"], attention, "alpha", layers, heads)
+        _heatmap(ax, fig, grid, f"{TITLES[attention]}\n({model['normalizers'][attention]})", 1.0, 2.0, "alpha")
+    fig.suptitle(f"{model['name']}: alpha per head (1 = softmax, 2 = sparsemax)")
+    return _save(fig, Path(output_dir) / f"alpha_heatmap_{file_label(model['name'])}.png")
+
+
+def alpha_histogram(models, output_dir):
+    """Distribution of the learned alphas per attention type (the paper's histogram); models with
+    a fixed alpha are drawn as vertical lines. None when no model has an alpha."""
+    types = [t for t in _types(models) if any(
+        r["alpha"] is not None for m in models for r in m["alpha"] if r["attention"] == t)]
+    if not types:
+        return None
+    fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
+    bins = np.linspace(1.0, 2.0, 21)
+    for ax, attention in zip(axes[0], types):
+        for index, model in enumerate(models):
+            alphas = [r["alpha"] for r in model["alpha"] if r["attention"] == attention and r["alpha"] is not None]
+            if not alphas:
+                continue
+            color = f"C{index}"
+            if model["normalizers"][attention] == "alpha_entmax":
+                ax.hist(alphas, bins=bins, alpha=0.6, color=color, label=f"{model['name']} (learned)")
+            else:
+                ax.axvline(alphas[0], color=color, linestyle="--",
+                           label=f"{model['name']} ({model['normalizers'][attention]}, alpha={alphas[0]:g})")
+        ax.set_title(TITLES[attention])
+        ax.set_xlabel("alpha")
+        ax.set_ylabel("number of heads")
+        ax.set_xlim(0.95, 2.05)
+        ax.legend(fontsize=7)
+    fig.suptitle("Learned alpha per attention type")
+    return _save(fig, Path(output_dir) / "alpha_histogram.png")
+
+
+def alpha_trajectories(model, output_dir):
+    """alpha over training per attention type: every head if the log has them, else the mean
+    with the min-max band. None when the model's log has no alpha."""
+    trajectories = model["alpha_trajectories"]
+    types = [t for t in ATTENTION_TYPES if any(tr["attention"] == t for tr in trajectories)]
+    if not types:
+        return None
+    fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
+    for ax, attention in zip(axes[0], types):
+        own = [tr for tr in trajectories if tr["attention"] == attention]
+        per_head = [tr for tr in own if tr["statistic"] == "head"]
+        if per_head:
+            layers = max(tr["layer"] for tr in per_head) + 1
+            colors = plt.cm.viridis(np.linspace(0, 0.9, layers))
+            labelled = set()
+            for tr in per_head:
+                label = None if tr["layer"] in labelled else f"layer {tr['layer']}"
+                labelled.add(tr["layer"])
+                ax.plot(tr["steps"], tr["values"], color=colors[tr["layer"]], linewidth=0.8, label=label)
+        else:
+            by_statistic = {tr["statistic"]: tr for tr in own}
+            if "mean" in by_statistic:
+                mean = by_statistic["mean"]
+                ax.plot(mean["steps"], mean["values"], color="C0", label="mean over heads")
+            if "min" in by_statistic and "max" in by_statistic:
+                low, high = by_statistic["min"], by_statistic["max"]
+                steps = sorted(set(low["steps"]) & set(high["steps"]))
+                low_at, high_at = dict(zip(low["steps"], low["values"])), dict(zip(high["steps"], high["values"]))
+                ax.fill_between(steps, [low_at[s] for s in steps], [high_at[s] for s in steps],
+                                color="C0", alpha=0.25, label="min to max over heads")
+        ax.set_title(TITLES[attention])
+        ax.set_xlabel("updates")
+        ax.set_ylabel("alpha")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{model['name']}: alpha during training")
+    return _save(fig, Path(output_dir) / f"alpha_trajectories_{file_label(model['name'])}.png")
+
+
+def _grouped_bars(ax, models, attention, key, rows_key):
+    width = 0.8 / len(models)
+    for index, model in enumerate(models):
+        rows = [r for r in model[rows_key] if r["attention"] == attention]
+        layers = [r["layer"] for r in rows]
+        values = [np.nan if r[key] is None else r[key] for r in rows]
+        ax.bar(np.array(layers) + (index - (len(models) - 1) / 2) * width, values, width,
+               label=f"{model['name']} ({model['normalizers'].get(attention, '?')})", color=f"C{index}")
+    ax.set_xlabel("layer")
+    ax.set_xticks(sorted({r["layer"] for m in models for r in m[rows_key] if r["attention"] == attention}))
+
+
+def density_layers(models, output_dir):
+    """Per layer: average fraction (top) and number (bottom) of keys with nonzero weight,
+    models side by side."""
+    types = _types(models)
+    fig, axes = plt.subplots(2, len(types), figsize=(4.5 * len(types), 6.5), squeeze=False, layout="constrained")
+    for column, attention in enumerate(types):
+        for row, (key, label) in enumerate((("fraction", "fraction of keys attended"),
+                                            ("count", "number of keys attended"))):
+            ax = axes[row][column]
+            _grouped_bars(ax, models, attention, key, "density_layers")
+            ax.set_title(TITLES[attention])
+            ax.set_ylabel(label)
+            if key == "fraction":
+                ax.set_ylim(0, 1.05)
+            ax.legend(fontsize=7)
+    fig.suptitle("Attention density per layer (nonzero weights, padding excluded)")
+    return _save(fig, Path(output_dir) / "density_layers.png")
+
+
+def density_heads(model, output_dir):
+    """Per head: average fraction of keys with nonzero weight, one heatmap per attention type."""
+    types = _types([model])
+    fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
+    for ax, attention in zip(axes[0], types):
+        layers, heads = _shape(model, attention)
+        grid = _grid(model["density"], attention, "fraction", layers, heads)
+        _heatmap(ax, fig, grid, f"{TITLES[attention]}\n({model['normalizers'][attention]})", 0.0, 1.0,
+                 "fraction of keys attended")
+    fig.suptitle(f"{model['name']}: attention density per head")
+    return _save(fig, Path(output_dir) / f"density_heads_{file_label(model['name'])}.png")
+
+
+def js_layers(models, output_dir):
+    """Head diversity (Jensen-Shannon divergence between heads) per layer, models side by side."""
+    types = _types(models)
+    fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
+    for ax, attention in zip(axes[0], types):
+        _grouped_bars(ax, models, attention, "js", "js")
+        ax.set_title(TITLES[attention])
+        ax.set_ylabel("JS divergence between heads")
+        ax.set_ylim(0, 1.0)
+        ax.legend(fontsize=7)
+    fig.suptitle("Head diversity per layer (0: heads alike, 1: disjoint)")
+    return _save(fig, Path(output_dir) / "js_layers.png")
+
+
+def specialisation(model, output_dir):
+    """Per head of the self-attentions: weight on the previous token, on the next token, and
+    on the other pieces of the current word."""
+    types = [t for t in ("encoder_self", "decoder_self") if t in model["normalizers"]]
+    if not types:
+        return None
+    scores = (("previous", "positional", "weight on previous token"),
+              ("next", "positional", "weight on next token"),
+              ("mass", "bpe_merging", "weight on other pieces of the word"))
+    fig, axes = plt.subplots(len(types), len(scores), figsize=(4.5 * len(scores), 3.5 * len(types)), squeeze=False,
+                             layout="constrained")
+    for row, attention in enumerate(types):
+        layers, heads = _shape(model, attention)
+        for column, (key, rows_key, label) in enumerate(scores):
+            grid = _grid(model[rows_key], attention, key, layers, heads)
+            _heatmap(axes[row][column], fig, grid, f"{TITLES[attention]}:\n{label}", 0.0, 1.0, "average weight")
+    fig.suptitle(f"{model['name']}: positional and BPE-merging heads (n/a: no such key, e.g. the future)")
+    return _save(fig, Path(output_dir) / f"specialisation_{file_label(model['name'])}.png")
+
+
+def attention_maps(model, maps, output_dir):
+    """Each head's attention for the chosen sentence, one figure per attention type and layer."""
+    if maps.get("sentence_id") is None:
+        return []
+    tokens = {"encoder_self": (maps["source_tokens"], maps["source_tokens"]),
+              "decoder_self": (maps["target_tokens"], maps["target_tokens"]),
+              "cross": (maps["target_tokens"], maps["source_tokens"])}
+    written = []
+    for (attention, layer), weights in sorted(
+            ((k, v) for k, v in maps.items() if isinstance(k, tuple)),
+            key=lambda item: (ATTENTION_TYPES.index(item[0][0]), item[0][1])):
+        query_tokens, key_tokens = tokens[attention]
+        heads = weights.shape[0]
+        columns = min(4, heads)
+        rows = -(-heads // columns)
+        size = 1.2 + 0.28 * max(len(query_tokens), len(key_tokens))
+        fig, axes = plt.subplots(rows, columns, figsize=(columns * size + 1.5, rows * size + 0.8), squeeze=False,
+                                 layout="constrained")
+        for head in range(rows * columns):
+            ax = axes[head // columns][head % columns]
+            if head >= heads:
+                ax.axis("off")
+                continue
+            image = ax.imshow(weights[head], vmin=_SMALLEST_SHOWN, vmax=1.0, cmap=_NONZERO_CMAP)
+            ax.set_title(f"head {head}", fontsize=9)
+            ax.set_xticks(range(len(key_tokens)))
+            ax.set_xticklabels(key_tokens, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(query_tokens)))
+            ax.set_yticklabels(query_tokens, fontsize=7)
+            ax.set_xlabel("key", fontsize=8)
+            ax.set_ylabel("query", fontsize=8)
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (white: exactly 0)", shrink=0.8)
+        fig.suptitle(f"{model['name']}: {TITLES[attention]}, layer {layer} "
+                     f"({model['normalizers'][attention]}), sentence {maps['sentence_id']}")
+        path = Path(output_dir) / f"attention_map_{file_label(model['name'])}_{attention}_L{layer}.png"
+        written.append(_save(fig, path))
+    return written
+
+
+def write_figures(models, maps_per_model, output_dir):
+    """All figures; returns the paths written."""
+    written = [alpha_histogram(models, output_dir), density_layers(models, output_dir),
+               js_layers(models, output_dir)]
+    for model, maps in zip(models, maps_per_model):
+        written += [alpha_heatmap(model, output_dir), alpha_trajectories(model, output_dir),
+                    density_heads(model, output_dir), specialisation(model, output_dir)]
+        written += attention_maps(model, maps, output_dir)
+    return [p for p in written if p is not None]

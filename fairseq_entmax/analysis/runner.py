@@ -1,0 +1,233 @@
+"""Run checkpoints over a subset with teacher forcing and collect the attention statistics.
+
+Batches stream through the model one at a time; hooks reduce each attention module's weights to
+running sums at once (metrics.HeadStatistics), so no attention matrix outlives its batch, except
+the chosen sentence's, kept for its attention maps.
+"""
+import logging
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fairseq_entmax.analysis.capture import attention_sites, capture_attention
+from fairseq_entmax.analysis.metrics import HeadStatistics
+from fairseq_entmax.analysis.training_log import read_trajectories
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_USER_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def load_checkpoint(path, data, user_dir=DEFAULT_USER_DIR):
+    """(model, cfg, task) of one checkpoint, with its task reading `data`."""
+    from fairseq import checkpoint_utils, utils
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if user_dir:
+        utils.import_user_module(Namespace(user_dir=user_dir))
+    _allow_fairseq_checkpoints()
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
+    return models[0], cfg, task
+
+
+def _allow_fairseq_checkpoints():
+    """torch >= 2.6 loads checkpoints with weights_only=True, which rejects the argparse
+    Namespace etc. fairseq pickles: allow exactly those types (fairseq_entmax's allowlist)."""
+    from fairseq_entmax import checkpoint_safety
+
+    checkpoint_safety.allow_fairseq_checkpoints()
+
+
+def _first_sentences_in_batches(dataset, num_sentences, max_positions, max_tokens, batch_size):
+    """Batches (lists of dataset indices) over the first `num_sentences` lines of the subset,
+    grouped by length as fairseq does; sentences longer than the model accepts are skipped."""
+    from fairseq.data import data_utils
+
+    with data_utils.numpy_seed(1):
+        order = dataset.ordered_indices()
+    if num_sentences is not None:
+        order = order[order < num_sentences]
+    order, ignored = dataset.filter_indices_by_size(order, max_positions)
+    if len(ignored):
+        logger.warning("skipping %d sentences longer than the model's maximum positions %s", len(ignored), max_positions)
+    return dataset.batch_by_size(np.asarray(order, dtype=np.int64), max_tokens=max_tokens, max_sentences=batch_size)
+
+
+def _continuation_table(dictionary):
+    """Bool over the vocabulary: True for subword-nmt pieces that continue into the next ('@@')."""
+    return torch.tensor([symbol.endswith("@@") for symbol in dictionary.symbols], dtype=torch.bool)
+
+
+def _batch_context(sample, pad, source_continues, target_continues):
+    """Per attention type: (query_mask, key_mask, tokens, continues) for this batch."""
+    src = sample["net_input"]["src_tokens"]
+    prev = sample["net_input"]["prev_output_tokens"]
+    src_real, tgt_real = src.ne(pad), prev.ne(pad)
+    causal = torch.ones(prev.size(1), prev.size(1), dtype=torch.bool, device=prev.device).tril()
+    return {
+        "encoder_self": (src_real, src_real[:, None, :], src, source_continues),
+        "decoder_self": (tgt_real, tgt_real[:, None, :] & causal, prev, target_continues),
+        # source and target tokens differ: no previous/next token or word to speak of
+        "cross": (tgt_real, src_real[:, None, :], None, None),
+    }
+
+
+def model_name(path, taken):
+    """A short label for a checkpoint: its directory (plus file name unless best/last), unique in `taken`."""
+    path = Path(path)
+    name = path.parent.name or path.stem
+    if path.stem not in ("checkpoint_best", "checkpoint_last"):
+        name = f"{name}/{path.stem}" if name else path.stem
+    base, i = name, 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    return name
+
+
+def analyse_checkpoint(
+    path, data, subset="valid", user_dir=DEFAULT_USER_DIR, name=None, num_sentences=None,
+    max_tokens=4000, batch_size=None, sentence_id=0, train_log=None, positional_threshold=0.9,
+    bpe_threshold=0.5, device=None, progress=True,
+):
+    """Analyse one checkpoint. Returns its entry of analysis.json plus, under the key
+    "_attention_maps", the chosen sentence's attention (for the figures; not serialised)."""
+    from fairseq.logging import progress_bar
+
+    model, cfg, task = load_checkpoint(path, data, user_dir)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device).eval()
+    sites = attention_sites(model)
+    task.load_dataset(subset)
+    dataset = task.dataset(subset)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    pad = src_dict.pad()
+    source_continues = _continuation_table(src_dict).to(device)
+    target_continues = _continuation_table(tgt_dict).to(device)
+
+    from fairseq import utils
+
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    batches = _first_sentences_in_batches(dataset, num_sentences, max_positions, max_tokens, batch_size)
+    if len(batches) == 0:
+        raise ValueError(f"subset {subset!r} of {data} gives no sentences to analyse")
+
+    statistics = {(s.attention, s.layer): HeadStatistics(s.num_heads) for s in sites}
+    maps = {"sentence_id": None}
+    state = {}
+
+    def receive(site, weights):
+        query_mask, key_mask, tokens, continues = state["context"][site.attention]
+        expected = (query_mask.size(0), query_mask.size(1), key_mask.size(-1))
+        if tuple(weights.shape[1:]) != expected:
+            raise RuntimeError(
+                f"{site.name} returned weights of shape {tuple(weights.shape)}, expected "
+                f"(heads, batch, queries, keys) = (*, {expected[0]}, {expected[1]}, {expected[2]})"
+            )
+        statistics[(site.attention, site.layer)].update(weights, query_mask, key_mask, tokens, continues)
+        if state["chosen"] is not None:
+            row = state["chosen"]
+            queries = query_mask[row].nonzero().squeeze(-1)
+            keys = key_mask.expand(expected)[row].any(0).nonzero().squeeze(-1)
+            maps[(site.attention, site.layer)] = weights[:, row][:, queries][:, :, keys].float().cpu().numpy()
+
+    n_sentences = 0
+    label = name or str(path)
+    bar = progress_bar.progress_bar(
+        batches, log_format=None if progress else "none", log_interval=max(1, len(batches) // 10), prefix=f"analysing {label}",
+        default_log_format="tqdm",
+    )
+    with torch.no_grad(), capture_attention(sites, receive):
+        for batch_indices in bar:
+            sample = dataset.collater([dataset[i] for i in batch_indices])
+            if device.type == "cuda":
+                sample = utils.move_to_cuda(sample, device=device)
+            net_input = sample["net_input"]
+            state["context"] = _batch_context(sample, pad, source_continues, target_continues)
+            ids = sample["id"].tolist()
+            state["chosen"] = ids.index(sentence_id) if sentence_id in ids else None
+            if state["chosen"] is not None:
+                row = state["chosen"]
+                src = net_input["src_tokens"][row]
+                prev = net_input["prev_output_tokens"][row]
+                maps["sentence_id"] = sentence_id
+                maps["source_tokens"] = [src_dict[int(t)] for t in src[src.ne(pad)]]
+                maps["target_tokens"] = [tgt_dict[int(t)] for t in prev[prev.ne(pad)]]
+            model(**net_input)
+            n_sentences += len(ids)
+            bar.log({"sentences": n_sentences})
+
+    result = _summarise(sites, statistics, positional_threshold, bpe_threshold)
+    result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
+    result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
+    result["_attention_maps"] = maps
+    return result
+
+
+def _trajectories(cfg, train_log):
+    """Alpha trajectories from `train_log`, else from what the checkpoint says it logged to."""
+    candidates = [train_log] if train_log else [
+        cfg.common.get("tensorboard_logdir"), cfg.common.get("log_file"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            trajectories = read_trajectories(candidate)
+            if trajectories or train_log:
+                return trajectories, str(candidate)
+    if train_log:
+        raise FileNotFoundError(f"training log {train_log} does not exist")
+    return [], None
+
+
+def _summarise(sites, statistics, positional_threshold, bpe_threshold):
+    normalizers, alpha, density, js, positional, positional_heads, merging, merging_heads = (
+        {}, [], [], [], [], [], [], []
+    )
+    for site in sites:
+        key = dict(attention=site.attention, layer=site.layer)
+        stats = statistics[(site.attention, site.layer)]
+        normalizers.setdefault(site.attention, site.normalizer())
+        alphas = site.head_alpha() or [None] * site.num_heads
+        fractions, counts = stats.density_fraction(), stats.density_count()
+        for head in range(site.num_heads):
+            alpha.append(dict(key, head=head, alpha=alphas[head]))
+            density.append(dict(key, head=head, fraction=fractions[head], count=counts[head]))
+        js.append(dict(key, js=stats.js()))
+        if site.attention == "cross":
+            continue
+        previous, following, merge = stats.previous_token(), stats.next_token(), stats.bpe_merging()
+        for head in range(site.num_heads):
+            positional.append(dict(key, head=head, previous=previous[head], next=following[head]))
+            for direction, weight in (("previous", previous[head]), ("next", following[head])):
+                if weight is not None and weight >= positional_threshold:
+                    positional_heads.append(dict(key, head=head, direction=direction, weight=weight))
+            merging.append(dict(key, head=head, mass=merge[head]))
+            if merge[head] is not None and merge[head] >= bpe_threshold:
+                merging_heads.append(dict(key, head=head, mass=merge[head]))
+    return dict(
+        normalizers=normalizers, alpha=alpha, density=density,
+        density_layers=_aggregate(density, ("attention", "layer")),
+        density_types=_aggregate(density, ("attention",)),
+        js=js, positional=positional, positional_heads=positional_heads,
+        bpe_merging=merging, bpe_merging_heads=merging_heads,
+    )
+
+
+def _aggregate(density, keys):
+    """Mean fraction and count of the per-head density rows grouped by `keys`."""
+    groups = {}
+    for row in density:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    out = []
+    for group_key, rows in groups.items():
+        fractions = [r["fraction"] for r in rows if r["fraction"] is not None]
+        counts = [r["count"] for r in rows if r["count"] is not None]
+        out.append(dict(
+            zip(keys, group_key),
+            fraction=float(np.mean(fractions)) if fractions else None,
+            count=float(np.mean(counts)) if counts else None,
+        ))
+    return out
+
