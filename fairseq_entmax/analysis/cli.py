@@ -25,8 +25,9 @@ def build_parser():
     parser.add_argument("--name", action="append", metavar="NAME",
                         help="label of the model, once per --path (default: the checkpoint's directory)")
     parser.add_argument("--train-log", action="append", metavar="PATH",
-                        help="training log file or tensorboard log directory with the alpha values, once per "
-                             "--path (default: the --log-file/--tensorboard-logdir recorded in the checkpoint)")
+                        help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
+                             "values, once per --path in the same order; 'auto' (the default) reads the "
+                             "--tensorboard-logdir or --log-file recorded in the checkpoint, if it still exists")
     parser.add_argument("--user-dir", default=DEFAULT_USER_DIR,
                         help="fairseq --user-dir the models need (default: the installed fairseq_entmax)")
     parser.add_argument("--subset", default="valid", help="data subset to run over (default: valid)")

@@ -17,8 +17,8 @@ def analyze(
 
     paths: checkpoint files (several to compare models); names: a label per path (default: the
     checkpoint's directory); train_logs: per path, a training log file or tensorboard log
-    directory to read alpha trajectories from (default: the --log-file / --tensorboard-logdir
-    recorded in the checkpoint, when it exists). num_sentences: analyse only the first N sentences
+    directory to read alpha trajectories from, or None / "auto" for the --tensorboard-logdir /
+    --log-file recorded in the checkpoint when it still exists. num_sentences: analyse only the first N sentences
     of the subset. sentence_id: the sentence whose per-head attention maps are drawn.
     Writes analysis.json, the CSV tables and the figures into output_dir and returns the
     analysis.json content.
@@ -43,7 +43,7 @@ def analyze(
         result = analyse_checkpoint(
             path, data, subset=subset, user_dir=user_dir, name=name, num_sentences=num_sentences,
             max_tokens=max_tokens, batch_size=batch_size, sentence_id=sentence_id,
-            train_log=train_logs[index] if train_logs else None,
+            train_log=train_logs[index] if train_logs and train_logs[index] != "auto" else None,
             positional_threshold=positional_threshold, bpe_threshold=bpe_threshold, device=device,
             progress=progress,
         )

@@ -17,9 +17,12 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _ALPHA_KEY = re.compile(r"^alpha_(encoder_self|decoder_self|cross)_(?:(mean|min|max)|L(\d+)_H(\d+))$")
-# `| train_inner | ...` is what fairseq's logger prints before the stats of a progress bar.
-_TAG = re.compile(r"\| (train_inner|train|valid) \| (.*)$")
-# Tags to read, most frequent first: one tag is enough, the others repeat the same alphas.
+# What fairseq's console logging puts before a message: "2024-01-01 12:00:00 | INFO | train_inner | ".
+# Its --log-file gets the bare message, so the stats' kind is told from the message itself.
+_LOGGING_PREFIX = re.compile(r"^.*?\| [A-Z]+ \| [\w.]+ \| ")
+# simple format, every --log-interval updates: "epoch 001:     10 / 20 loss=3.2, ..., num_updates=10"
+_SIMPLE_INNER = re.compile(r"^epoch \d+:\s+\d+ / \d+ (.*)$")
+# Kinds of stats lines, most frequent first: one kind is enough, the others repeat the same alphas.
 _TAGS = ("train_inner", "train", "valid")
 
 
@@ -33,23 +36,31 @@ def _parse_alpha_key(key):
     return attention, statistic, None, None
 
 
-def _stats_of_line(tag, payload):
-    """The stats dict of one fairseq log line (json, `k=v, ...` or `k v | ...`)."""
-    payload = payload.strip()
+def _stats_of_line(line):
+    """(kind, stats) of a fairseq stats line, kind being train_inner (every --log-interval
+    updates), train or valid (end of epoch); None for other lines. Reads the simple and the json
+    format, with or without the logging prefix."""
+    line = line.strip()
+    prefix = _LOGGING_PREFIX.match(line)
+    payload = line[prefix.end():] if prefix else line
     if payload.startswith("{"):
         try:
             stats = json.loads(payload)
         except json.JSONDecodeError:
-            return {}
-        # end-of-epoch json lines prefix every key with the tag
-        return {k[len(tag) + 1:] if k.startswith(tag + "_") else k: v for k, v in stats.items()}
-    if "=" in payload:
-        return dict(re.findall(r"([\w./-]+)=([^,\s]+)", payload))
-    stats = {}
-    for part in payload.split(" | "):
-        key, _, value = part.strip().partition(" ")
-        stats[key] = value.strip()
-    return stats
+            return None
+        # end-of-epoch json lines prefix every key with train_ / valid_
+        for tag in ("train", "valid"):
+            if f"{tag}_num_updates" in stats:
+                return tag, {k[len(tag) + 1:] if k.startswith(tag + "_") else k: v for k, v in stats.items()}
+        return "train_inner", stats
+    inner = _SIMPLE_INNER.match(payload)
+    if inner:
+        return "train_inner", dict(re.findall(r"([\w./-]+)=([^,\s]+)", inner.group(1)))
+    if payload.startswith("epoch ") and " | " in payload:  # "epoch 001 | loss 3.2 | ..." (end of epoch)
+        parts = payload.split(" | ")[1:]
+        tag = "valid" if parts and parts[0].startswith("valid on") else "train"
+        return tag, {key: value for key, _, value in (part.strip().partition(" ") for part in parts)}
+    return None
 
 
 def _to_float(value):
@@ -86,11 +97,10 @@ def read_log_file(path):
     by_tag = {tag: [] for tag in _TAGS}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            match = _TAG.search(line)
-            if match is None or "alpha_" not in line:
+            parsed = _stats_of_line(line) if "alpha_" in line else None
+            if parsed is None:
                 continue
-            tag, payload = match.groups()
-            stats = _stats_of_line(tag, payload)
+            tag, stats = parsed
             step = _to_float(stats.get("num_updates"))
             for key, value in stats.items():
                 by_tag[tag].append((None if step is None else int(step), key, _to_float(value)))
