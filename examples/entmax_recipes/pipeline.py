@@ -1,0 +1,529 @@
+"""The stages every example runs, each a thin layer over the tool that does the work.
+
+Stages write their outputs under one work directory and leave a `<stage>.done` marker when
+they finish, so a second run skips what is finished; fairseq-train itself resumes from
+checkpoint_last.pt. Problems the user can fix raise PipelineError, whose message says what
+is wrong and what to do; the scripts print it and exit with status 2.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from multiprocessing import Pool
+from pathlib import Path
+
+SPLITS = ("train", "valid", "test")
+VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+BIN_DIR = Path(sys.executable).parent
+
+
+class PipelineError(Exception):
+    """A problem with the user's input or set-up; the message says what to do."""
+
+
+def log(message):
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def tool(name):
+    """Path of a console script (fairseq-train, subword-nmt, ...) installed beside this Python."""
+    path = BIN_DIR / name
+    if not path.exists():
+        raise PipelineError(f"{name} not found in {BIN_DIR}: run `make setup` and use .venv/bin/python")
+    return str(path)
+
+
+def user_dir():
+    """The fairseq_entmax package directory, passed to fairseq as --user-dir."""
+    import fairseq_entmax
+
+    return str(Path(fairseq_entmax.__file__).resolve().parent)
+
+
+# --------------------------------------------------------------------------- stage bookkeeping
+
+def is_done(marker):
+    return Path(marker).exists()
+
+
+def mark_done(marker, info=None):
+    Path(marker).parent.mkdir(parents=True, exist_ok=True)
+    Path(marker).write_text(json.dumps(info or {}) + "\n")
+
+
+def read_done(marker):
+    return json.loads(Path(marker).read_text())
+
+
+def run_logged(args, log_path, show=None, env=None):
+    """Run a command, appending all its output to `log_path`; lines for which `show(line)`
+    returns a string are printed as progress. On failure, raise with the log's last lines."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    args = [str(a) for a in args]
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write("$ " + " ".join(args) + "\n")
+        log_file.flush()
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, **(env or {})), bufsize=1,
+        )
+        try:
+            for line in proc.stdout:
+                log_file.write(line)
+                shown = show(line) if show else None
+                if shown:
+                    print("    " + shown, flush=True)
+            returncode = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if returncode != 0:
+        tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-25:])
+        raise RuntimeError(f"{Path(args[0]).name} failed (exit {returncode}); full log in {log_path}; last lines:\n{tail}")
+
+
+# --------------------------------------------------------------------------- corpus checks
+
+def count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def count_nonblank_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def check_parallel_corpus(files):
+    """`files` maps split -> (source path, target path). Checks, before any long work, that
+    every file exists, that source and target have the same number of lines and that no
+    split is empty. Returns split -> number of lines."""
+    missing = [str(p) for pair in files.values() for p in pair if not Path(p).is_file()]
+    if missing:
+        raise PipelineError(
+            "missing data files:\n  " + "\n  ".join(missing)
+            + "\nEach split needs a source and a target file, plain text, one sentence per line, "
+            "line i of the target translating line i of the source."
+        )
+    counts = {}
+    for split, (source, target) in files.items():
+        n_source, n_target = count_lines(source), count_lines(target)
+        if n_source != n_target:
+            raise PipelineError(
+                f"{split}: {source} has {n_source} lines but {target} has {n_target}. Source and target "
+                "must be line-aligned (line i of one translates line i of the other): re-extract or "
+                "re-align the two files."
+            )
+        if count_nonblank_lines(source) == 0 or count_nonblank_lines(target) == 0:
+            raise PipelineError(f"{split}: {source} or {target} has no text: the corpus is empty.")
+        counts[split] = n_source
+    return counts
+
+
+# --------------------------------------------------------------------------- tokenisation
+
+# Japanese and Chinese have no spaces between words, and Moses does not segment them: the
+# recipes split these scripts into single characters and let joint BPE merge them again.
+_CJK = re.compile(r"([\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
+_SPACE_BETWEEN_CJK = re.compile(r"(?<=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60]) (?=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
+CHARACTER_SEGMENTED_LANGS = ("ja", "zh")
+
+_tokenizer = None
+
+
+def _init_tokenizer(lang):
+    global _tokenizer
+    from sacremoses import MosesTokenizer
+
+    _tokenizer = (lang, MosesTokenizer(lang=lang))
+
+
+def _tokenize_line(line):
+    lang, tokenizer = _tokenizer
+    line = line.strip()
+    if lang in CHARACTER_SEGMENTED_LANGS:
+        line = _CJK.sub(r" \1 ", line)
+    # escape=False keeps & < > as they are (no HTML entities in the vocabulary);
+    # aggressive dash splitting is Moses' -a, as in fairseq's prepare scripts.
+    return tokenizer.tokenize(line, return_str=True, escape=False, aggressive_dash_splits=True)
+
+
+def tokenize_file(in_path, out_path, lang, workers=1):
+    """Moses-tokenise one file with sacremoses (in `workers` processes)."""
+    with open(in_path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if workers > 1:
+        with Pool(workers, initializer=_init_tokenizer, initargs=(lang,)) as pool:
+            tokenized = pool.map(_tokenize_line, lines, chunksize=2000)
+    else:
+        _init_tokenizer(lang)
+        tokenized = [_tokenize_line(line) for line in lines]
+    Path(out_path).write_text("\n".join(tokenized) + "\n", encoding="utf-8")
+
+
+def detokenize_lines(lines, lang):
+    """Undo Moses tokenisation (and the character split of ja/zh) for sacreBLEU."""
+    from sacremoses import MosesDetokenizer
+
+    detokenizer = MosesDetokenizer(lang=lang)
+    out = []
+    for line in lines:
+        text = detokenizer.detokenize(line.split())
+        if lang in CHARACTER_SEGMENTED_LANGS:
+            text = _SPACE_BETWEEN_CJK.sub("", text)
+        out.append(text)
+    return out
+
+
+# --------------------------------------------------------------------------- BPE and binarisation
+
+def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
+    """Joint BPE on the concatenation of both training sides, as in the paper (subword-nmt)."""
+    joint = Path(codes_path).with_suffix(".joint-train.txt")
+    with open(joint, "w", encoding="utf-8") as out:
+        for path in (train_source, train_target):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    out.write(line)
+    run_logged([tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint, "--output", codes_path], log_path)
+    joint.unlink()
+
+
+def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
+    run_logged([tool("subword-nmt"), "apply-bpe", "--codes", codes_path, "--input", in_path,
+                "--output", out_path, "--num-workers", workers], log_path)
+
+
+def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
+    """Drop training pairs that are empty, longer than max_len tokens, or whose length ratio
+    exceeds max_ratio (what Moses' clean-corpus-n.perl does in fairseq's prepare scripts).
+    Returns (kept, dropped)."""
+    source_path, target_path = bpe_dir / f"train.{src}", bpe_dir / f"train.{tgt}"
+    source_lines = source_path.read_text(encoding="utf-8").splitlines()
+    target_lines = target_path.read_text(encoding="utf-8").splitlines()
+    kept_source, kept_target = [], []
+    for s, t in zip(source_lines, target_lines):
+        ns, nt = len(s.split()), len(t.split())
+        if 1 <= ns <= max_len and 1 <= nt <= max_len and max(ns, nt) <= max_ratio * min(ns, nt):
+            kept_source.append(s)
+            kept_target.append(t)
+    if not kept_source:
+        raise PipelineError(f"no training pair is left after cleaning (1..{max_len} tokens, ratio <= {max_ratio})")
+    source_path.write_text("\n".join(kept_source) + "\n", encoding="utf-8")
+    target_path.write_text("\n".join(kept_target) + "\n", encoding="utf-8")
+    return len(kept_source), len(source_lines) - len(kept_source)
+
+
+def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
+    run_logged([
+        tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", Path(text_dir) / "train", "--validpref", Path(text_dir) / "valid",
+        "--testpref", Path(text_dir) / "test", "--destdir", dest_dir,
+        "--joined-dictionary", "--workers", workers,
+    ], log_path)
+
+
+# --------------------------------------------------------------------------- training
+
+@dataclass
+class TrainSettings:
+    """fairseq-train settings shared by the four attention variants of one experiment."""
+
+    arch: str
+    max_update: int
+    max_tokens: int = 4096
+    update_freq: int = 1
+    lr: float = 5e-4
+    warmup_updates: int = 4000
+    dropout: float = 0.3
+    weight_decay: float = 0.0001
+    label_smoothing: float = 0.1
+    topk: int = 8
+    keep_last_epochs: int = 5          # the checkpoints that get averaged
+    save_interval_updates: int = 0     # > 0: checkpoint (and average) every N updates instead of epochs
+    log_interval: int = 100
+    model_args: list = field(default_factory=list)   # size overrides of the architecture
+    extra_args: list = field(default_factory=list)
+
+
+def variant_args(variant, topk):
+    """fairseq-train options (contract 2 of the project) that select one attention variant."""
+    if variant == "softmax":
+        return ["--attention-normalizer", "softmax"]
+    if variant == "entmax15":
+        return ["--attention-normalizer", "entmax15"]
+    if variant == "alpha_entmax":
+        # The paper: one alpha per head, layer and attention type, initialised at random.
+        return ["--attention-normalizer", "alpha_entmax", "--alpha-init", "random"]
+    if variant == "topk":
+        return ["--attention-normalizer", "topk", "--topk", topk]
+    raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
+
+
+def use_cpu():
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _progress_line(label, max_update):
+    """Turn fairseq's log lines into one short progress line per log interval / epoch."""
+    number = r"([-+0-9.e]+)"
+
+    def show(line):
+        if "| ERROR |" in line or "Traceback" in line or line.startswith(("RuntimeError", "ValueError")):
+            return f"{label}: {line.strip()}"
+        kind = "valid" if "| valid |" in line else "train" if ("| train_inner |" in line or "| train |" in line) else None
+        if kind is None:
+            return None
+        fields = dict(re.findall(r"(\w+)[= ]" + number + r"(?=[,| ]|$)", line.strip()))
+        parts = [f"{label}", kind]
+        epoch = re.search(r"epoch (\d+)", line)
+        if epoch:
+            parts.append(f"epoch {int(epoch.group(1))}")
+        if "num_updates" in fields:
+            parts.append(f"update {fields['num_updates']}/{max_update}")
+        if "loss" in fields:
+            parts.append(f"loss {float(fields['loss']):.3f}")
+        alphas = [f"alpha {t} {float(fields[f'alpha_{t}_mean']):.2f}" for t in ATTENTION_TYPES if f"alpha_{t}_mean" in fields]
+        return "  ".join(parts + alphas)
+
+    return show
+
+
+def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
+    """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
+    Returns the training wall time in seconds, summed over resumed runs."""
+    save_dir = Path(save_dir)
+    done, time_file = save_dir / "train.done", save_dir / "train_seconds.txt"
+    label = label or variant
+    if is_done(done):
+        seconds = read_done(done)["seconds"]
+        log(f"{label}: already trained ({seconds:.0f} s), skipping")
+        return seconds
+    save_dir.mkdir(parents=True, exist_ok=True)
+    if (save_dir / "checkpoint_last.pt").exists():
+        log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
+    else:
+        log(f"{label}: training ({settings.max_update} updates)")
+    args = [
+        tool("fairseq-train"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+        "--arch", settings.arch, *variant_args(variant, settings.topk), *settings.model_args,
+        "--share-all-embeddings",
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", settings.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", settings.warmup_updates,
+        "--warmup-init-lr", "1e-07", "--dropout", settings.dropout, "--weight-decay", settings.weight_decay,
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", settings.label_smoothing,
+        "--max-tokens", settings.max_tokens, "--update-freq", settings.update_freq,
+        "--max-update", settings.max_update, "--seed", seed,
+        "--save-dir", save_dir, "--keep-last-epochs", settings.keep_last_epochs,
+        "--tensorboard-logdir", save_dir / "tensorboard",
+        "--log-format", "simple", "--log-interval", settings.log_interval, "--no-progress-bar",
+        "--skip-invalid-size-inputs-valid-test", *settings.extra_args,
+    ]
+    if settings.save_interval_updates:
+        args += ["--save-interval-updates", settings.save_interval_updates,
+                 "--keep-interval-updates", settings.keep_last_epochs, "--no-epoch-checkpoints"]
+    if use_cpu():
+        args.append("--cpu")
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
+    previous = float(time_file.read_text()) if time_file.exists() else 0.0
+    start = time.time()
+    try:
+        run_logged(args, save_dir / "train.log", show=_progress_line(label, settings.max_update), env=env)
+    finally:
+        # Kept across interruptions, so a resumed run reports its total training time.
+        time_file.write_text(f"{previous + time.time() - start}\n")
+    seconds = previous + time.time() - start
+    mark_done(done, {"seconds": seconds})
+    log(f"{label}: trained in {seconds:.0f} s")
+    return seconds
+
+
+# --------------------------------------------------------------------------- checkpoint averaging
+
+def _checkpoint_order(path):
+    """Sort key of fairseq's checkpoint names: checkpoint{epoch}.pt, checkpoint_{epoch}_{update}.pt."""
+    numbers = [int(n) for n in re.findall(r"\d+", path.stem)]
+    return numbers[-1] if numbers else -1
+
+
+def last_checkpoints(save_dir, n):
+    """The n most recent numbered checkpoints (update-interval ones if there are any)."""
+    save_dir = Path(save_dir)
+    by_update = sorted(save_dir.glob("checkpoint_*_*.pt"), key=_checkpoint_order)
+    by_epoch = sorted((p for p in save_dir.glob("checkpoint*.pt") if re.fullmatch(r"checkpoint\d+", p.stem)),
+                      key=_checkpoint_order)
+    return (by_update or by_epoch)[-n:]
+
+
+def average_checkpoints(paths, out_path):
+    """Average the model parameters of several checkpoints of one run (fairseq's
+    scripts/average_checkpoints.py is not installed by pip). Everything but the parameters
+    (config, optimizer history) is taken from the last checkpoint."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    summed, last = None, None
+    for path in paths:
+        # Checkpoints this run has just written itself, so full unpickling is safe here.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        params = state["model"]
+        if summed is None:
+            summed = {k: v.clone().double() if v.is_floating_point() else v.clone() for k, v in params.items()}
+        else:
+            for k, v in params.items():
+                if v.is_floating_point():
+                    summed[k] += v.double()
+        last = state
+    for k, v in last["model"].items():
+        last["model"][k] = (summed[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v
+    checkpoint_utils.torch_persistent_save(last, str(out_path))
+
+
+def averaged_checkpoint(save_dir, n, label):
+    """checkpoint_avg{n}.pt of a finished run (made once); falls back to checkpoint_last.pt
+    when the run saved fewer checkpoints than n."""
+    save_dir = Path(save_dir)
+    out = save_dir / f"checkpoint_avg{n}.pt"
+    if out.exists():
+        return out
+    paths = last_checkpoints(save_dir, n)
+    if len(paths) < 2:
+        log(f"{label}: fewer than 2 numbered checkpoints, using checkpoint_last.pt without averaging")
+        return save_dir / "checkpoint_last.pt"
+    log(f"{label}: averaging {', '.join(p.name for p in paths)}")
+    average_checkpoints(paths, out)
+    return out
+
+
+# --------------------------------------------------------------------------- translation and scoring
+
+def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label="", max_len=None):
+    """fairseq-generate the subset; returns the hypotheses (BPE removed, still tokenised), in
+    corpus order. max_len=(a, b) caps a translation at a * source length + b tokens (fairseq's
+    default is 200 tokens, which a barely trained model may spend on every sentence)."""
+    out_dir = Path(out_dir)
+    hyp_path = out_dir / f"{subset}.hyp"
+    if hyp_path.exists():
+        return hyp_path.read_text(encoding="utf-8").splitlines()
+    log(f"{label}: translating {subset} (beam {beam})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+            "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
+            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir]
+    if max_len:
+        args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
+    if use_cpu():
+        args.append("--cpu")
+    run_logged(args, out_dir / "generate.log")
+    hypotheses = {}
+    for line in (out_dir / f"generate-{subset}.txt").read_text(encoding="utf-8").splitlines():
+        if line.startswith("H-"):
+            key, _score, *text = line.split("\t")
+            hypotheses[int(key[2:])] = text[0] if text else ""
+    ordered = [hypotheses[i] for i in range(len(hypotheses))]
+    hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
+    return ordered
+
+
+def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True):
+    """BLEU and chrF with sacrebleu. `bleu_tok`: BLEU on Moses-tokenised text, as the paper
+    reports it (multi-bleu.perl); `bleu`/`chrf`: sacreBLEU on detokenised output against the
+    raw references, with their signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses_tok) != len(references_tok):
+        raise RuntimeError(f"{len(hypotheses_tok)} translations for {len(references_tok)} references")
+    detokenized = detokenize_lines(hypotheses_tok, tgt_lang) if tokenized_bleu else hypotheses_tok
+    bleu, chrf = BLEU(), CHRF()
+    result = {
+        "bleu": round(bleu.corpus_score(detokenized, [references_raw]).score, 2),
+        "chrf": round(chrf.corpus_score(detokenized, [references_raw]).score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+    if tokenized_bleu:
+        bleu_tok = BLEU(tokenize="none")
+        result["bleu_tok"] = round(bleu_tok.corpus_score(hypotheses_tok, [references_tok]).score, 2)
+        result["bleu_tok_signature"] = str(bleu_tok.get_signature())
+    return result
+
+
+# --------------------------------------------------------------------------- attention analysis
+
+def analyze(data_bin, checkpoints, subset, out_dir, log_path):
+    """Run fairseq-entmax-analyze over the given checkpoints (label -> path); returns
+    label -> {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}} and writes
+    its figures to out_dir. Returns None if the analysis command is not installed."""
+    command = BIN_DIR / "fairseq-entmax-analyze"
+    if not command.exists():
+        log("fairseq-entmax-analyze is not installed: no attention density, alphas or figures")
+        return None
+    out_dir = Path(out_dir)
+    report = out_dir / "analysis.json"
+    if not report.exists():
+        log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
+        args = [command, data_bin, "--user-dir", user_dir(), "--subset", subset, "--output-dir", out_dir]
+        for label, path in checkpoints.items():
+            args += ["--path", path, "--name", label]
+        run_logged(args, log_path)
+    models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
+    summary = {}
+    for label in checkpoints:
+        model = models[label]
+        density, alphas = defaultdict(list), defaultdict(list)
+        for row in model["density"]:
+            density[row["attention"]].append(row["fraction"])
+        for row in model["alpha"]:
+            if row["alpha"] is not None:
+                alphas[row["attention"]].append(row["alpha"])
+        summary[label] = {
+            "density": {t: sum(v) / len(v) for t, v in density.items()},
+            "alpha": {t: (sum(v) / len(v), min(v), max(v)) for t, v in alphas.items()},
+        }
+    return summary
+
+
+# --------------------------------------------------------------------------- results table
+
+_SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
+
+
+def format_table(rows, bleu_tok=False):
+    """rows: dicts with model, bleu, chrf, [bleu_tok], density, alpha, train_seconds.
+    A Markdown table, readable as plain text too."""
+    header = ["model"] + (["tok BLEU"] if bleu_tok else []) + ["BLEU", "chrF"]
+    header += [f"density {_SHORT[t]}" for t in ATTENTION_TYPES]
+    header += [f"alpha {_SHORT[t]} mean (min-max)" for t in ATTENTION_TYPES]
+    header += ["train time"]
+    lines = [header]
+    for row in rows:
+        density = row.get("density") or {}
+        alpha = row.get("alpha") or {}
+        cells = [row["model"]] + ([f"{row['bleu_tok']:.2f}"] if bleu_tok else [])
+        cells += [f"{row['bleu']:.2f}", f"{row['chrf']:.2f}"]
+        cells += [f"{density[t]:.3f}" if t in density else "-" for t in ATTENTION_TYPES]
+        cells += [f"{alpha[t][0]:.2f} ({alpha[t][1]:.2f}-{alpha[t][2]:.2f})" if t in alpha else "-"
+                  for t in ATTENTION_TYPES]
+        cells.append(format_seconds(row["train_seconds"]))
+        lines.append(cells)
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    text = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
+    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(text)
+
+
+def format_seconds(seconds):
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
