@@ -1,0 +1,85 @@
+"""Session fixtures shared by the test files: a tiny corpus and tiny models trained once per
+normalizer through the real fairseq-train, reused by every test that needs a checkpoint.
+
+Fixtures for other test files:
+- `tiny_data`: TinyData(raw_dir, data_bin) from helpers.write_tiny_corpus + preprocess
+  (source language "src", target "tgt", joined dictionary).
+- `trained_model`: a factory, `trained_model(normalizer)` -> TrainedModel(checkpoint,
+  data_bin, save_dir, train_log, normalizer), trained once per session and normalizer.
+- `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
+  for tests that train a variant themselves.
+"""
+from collections import namedtuple
+
+import pytest
+
+from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
+
+TinyData = namedtuple("TinyData", "raw_dir data_bin")
+TrainedModel = namedtuple("TrainedModel", "checkpoint data_bin save_dir train_log normalizer")
+
+# 2+2 layers, width 32, 4 heads, 80 updates: trains in seconds and has learned the word
+# mapping of the tiny corpus (not yet the reversal; unigram precision ~20-30%).
+TINY_MODEL_ARGS = [
+    "--arch", "adaptively_sparse_transformer",
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--share-all-embeddings", "--dropout", "0.1",
+]
+TRAINING_ARGS = [
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.01",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--max-tokens", "1000", "--cpu", "--seed", "1",
+    "--log-format", "json", "--log-interval", "10", "--no-progress-bar",
+    "--no-epoch-checkpoints", "--validate-interval", "1000", "--save-interval", "1000",
+]
+TINY_MAX_UPDATE = 80
+# top-k keeps 3 keys: with the corpus' 3-10 token sentences the default k = 8 would rarely
+# drop any key.
+NORMALIZER_ARGS = {"topk": ["--topk", "3"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """The tiny corpus, raw and binarized (fairseq-preprocess), made once per session."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    raw = write_tiny_corpus(root / "raw")
+    return TinyData(raw, preprocess(raw, root / "data-bin"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_args():
+    """fairseq-train arguments of the tiny models (architecture, sizes and training)."""
+    return TINY_MODEL_ARGS + TRAINING_ARGS
+
+
+@pytest.fixture(scope="session")
+def trained_model(tiny_data, tmp_path_factory):
+    """Factory: `trained_model(normalizer)` trains a tiny adaptively_sparse_transformer with
+    `--attention-normalizer normalizer` in all attention (one of "softmax", "sparsemax",
+    "entmax15", "alpha_entmax" (learned alpha), "topk" (k = 3)) for 80 updates through
+    fairseq-train --user-dir fairseq_entmax, once per session, and returns
+    TrainedModel(checkpoint=path of checkpoint_last.pt, data_bin, save_dir,
+    train_log=fairseq-train's output (json log lines), normalizer).
+    """
+    trained = {}
+
+    def train(normalizer):
+        if normalizer not in trained:
+            save_dir = tmp_path_factory.mktemp(f"trained_{normalizer}")
+            proc = run([
+                fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
+                *TINY_MODEL_ARGS, *TRAINING_ARGS,
+                "--attention-normalizer", normalizer, *NORMALIZER_ARGS.get(normalizer, []),
+                "--max-update", str(TINY_MAX_UPDATE), "--save-dir", save_dir,
+            ])
+            trained[normalizer] = TrainedModel(
+                save_dir / "checkpoint_last.pt", tiny_data.data_bin, save_dir,
+                proc.stdout + proc.stderr, normalizer,
+            )
+        return trained[normalizer]
+
+    return train

@@ -1,0 +1,196 @@
+"""The plugin through fairseq's own commands, as a user runs them: fairseq-train for every
+normalizer, fairseq-generate (beam 4, BLEU, --print-alignment), fairseq-interactive,
+fairseq-validate, resuming a killed training, TensorBoard logging of every head's alpha."""
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
+
+from fairseq_entmax.normalizers import NORMALIZER_NAMES
+from helpers import USER_DIR, fairseq_command, run
+
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
+
+def json_records(log, tag):
+    """The JSON stats fairseq-train logs with --log-format json under `tag` (train_inner, ...)."""
+    records = []
+    for line in log.splitlines():
+        start = line.find("{")
+        if start >= 0 and f"| {tag} |" in line:
+            records.append(json.loads(line[start:]))
+    return records
+
+
+def bleu_unigram_precision(output):
+    """The unigram precision of the BLEU line fairseq-generate prints ("BLEU4 = b, p1/p2/...")."""
+    found = re.search(r"BLEU4 = [0-9.]+, ([0-9.]+)/", output)
+    assert found, f"no BLEU line in fairseq-generate output:\n{output[-3000:]}"
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("normalizer", NORMALIZER_NAMES)
+def test_train_then_generate_with_beam_search(trained_model, normalizer):
+    model = trained_model(normalizer)
+    records = json_records(model.train_log, "train_inner")
+    assert records, model.train_log[-3000:]
+    assert float(records[-1]["loss"]) < float(records[0]["loss"]) - 0.5, "training did not learn"
+
+    proc = run([
+        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
+        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
+    ])
+    output = proc.stdout + proc.stderr
+    hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", output, flags=re.M)
+    assert len(hypotheses) == 40  # the tiny test set
+    # The tiny corpus maps s<i> to t<i> (30 words) and reverses the order: guessing gives a
+    # unigram precision of ~3%, the trained word mapping far more.
+    assert bleu_unigram_precision(output) > 10.0
+
+
+def test_learned_alpha_is_in_the_training_log(trained_model):
+    records = json_records(trained_model("alpha_entmax").train_log, "train_inner")
+    for record in records:
+        for attention_type in ATTENTION_TYPES:
+            low = float(record[f"alpha_{attention_type}_min"])
+            mean = float(record[f"alpha_{attention_type}_mean"])
+            high = float(record[f"alpha_{attention_type}_max"])
+            assert 1.01 <= low <= mean <= high <= 2.0
+    # alpha is learned: it moves during training.
+    first, last = records[0], records[-1]
+    assert any(
+        first[f"alpha_{t}_mean"] != last[f"alpha_{t}_mean"] for t in ATTENTION_TYPES
+    )
+    # Softmax learns nothing of the kind, and says nothing about alpha.
+    softmax_log = trained_model("softmax").train_log
+    assert "alpha_" not in softmax_log
+
+
+def test_print_alignment_gives_the_sparse_cross_attention(trained_model):
+    model = trained_model("sparsemax")
+    proc = run([
+        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
+        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
+        "--print-alignment", "soft",
+    ])
+    # "A-<id>\t" then, per target token, the weights over source tokens: sparsemax gives
+    # exact zeros, which fairseq prints as 0.
+    rows = re.findall(r"^A-\d+\t(.*)$", proc.stdout, flags=re.M)
+    assert len(rows) == 40
+    weights = [float(w) for row in rows for token in row.split() for w in token.split(",")]
+    assert weights.count(0.0) > len(weights) // 10
+    assert all(0.0 <= w <= 1.0 for w in weights)
+
+
+def test_interactive_translates_typed_sentences(trained_model, tiny_data):
+    model = trained_model("alpha_entmax")
+    sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:3]
+    proc = run(
+        [fairseq_command("fairseq-interactive"), model.data_bin, "--user-dir", USER_DIR,
+         "--path", model.checkpoint, "--beam", "4", "--cpu",
+         "--source-lang", "src", "--target-lang", "tgt"],
+        input="\n".join(sources) + "\n",
+    )
+    hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", proc.stdout, flags=re.M)
+    assert len(hypotheses) == 3
+    for hypothesis in hypotheses:
+        assert hypothesis.split() and all(re.fullmatch(r"t\d+", w) for w in hypothesis.split())
+
+
+def test_validate_loads_the_checkpoint(trained_model):
+    model = trained_model("entmax15")
+    proc = run([
+        fairseq_command("fairseq-validate"), model.data_bin, "--user-dir", USER_DIR,
+        "--path", model.checkpoint, "--cpu", "--valid-subset", "valid", "--max-tokens", "1000",
+    ])
+    found = re.search(r"valid on 'valid' subset \| loss ([0-9.]+)", proc.stdout + proc.stderr)
+    assert found and math.isfinite(float(found.group(1)))
+
+
+def _alpha_summary(state_dict):
+    """alpha_<type>_{mean,min,max} computed from the alpha_logit parameters of a checkpoint,
+    as the training log reports them."""
+    summary = {}
+    for attention_type, module_name in (
+        ("encoder_self", "self_attn"), ("decoder_self", "self_attn"), ("cross", "encoder_attn"),
+    ):
+        side = "encoder" if attention_type == "encoder_self" else "decoder"
+        values = torch.cat([
+            torch.clamp(1 + torch.sigmoid(value.float()), 1.01, 2.0)
+            for key, value in state_dict.items()
+            if key.startswith(f"{side}.layers.") and key.endswith(f".{module_name}.alpha_logit")
+        ])
+        summary[f"alpha_{attention_type}_mean"] = round(values.mean().item(), 4)
+        summary[f"alpha_{attention_type}_min"] = round(values.min().item(), 4)
+        summary[f"alpha_{attention_type}_max"] = round(values.max().item(), 4)
+    return summary
+
+
+def test_training_killed_mid_run_resumes_with_its_saved_alphas(tiny_data, tmp_path):
+    save_dir = tmp_path / "checkpoints"
+    command = [
+        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
+        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", save_dir, "--log-interval", "1",
+        "--save-interval-updates", "6",
+    ]
+    # Train "forever" and kill the process once it has saved a checkpoint.
+    proc = subprocess.Popen(
+        [str(a) for a in command] + ["--max-update", "100000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        for line in proc.stdout:
+            if "Saved checkpoint" in line:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    state = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    saved_updates = state["optimizer_history"][-1]["num_updates"]
+    assert saved_updates >= 6
+    saved_summary = _alpha_summary(state["model"])
+
+    resumed = run(command + ["--max-update", str(saved_updates + 3)])
+    log = resumed.stdout + resumed.stderr
+    assert re.search(rf"Loaded checkpoint .*checkpoint_last\.pt .*@ {saved_updates} updates", log), log[-3000:]
+    records = json_records(log, "train_inner")
+    # The first record is logged from the model as it was loaded (alphas are logged before
+    # each step): it carries the alphas the killed run saved.
+    first = records[0]
+    assert int(first["num_updates"]) == saved_updates + 1
+    for key, value in saved_summary.items():
+        assert float(first[key]) == pytest.approx(value, abs=1e-4), key
+    assert int(records[-1]["num_updates"]) == saved_updates + 3
+    final = torch.load(save_dir / "checkpoint_last.pt", weights_only=True)
+    assert final["optimizer_history"][-1]["num_updates"] == saved_updates + 3
+
+
+def test_tensorboard_gets_every_heads_alpha(tiny_data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tensorboard"
+    run([
+        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
+        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", tmp_path / "checkpoints",
+        "--max-update", "4", "--log-interval", "1", "--tensorboard-logdir", logdir,
+        "--alpha-init", "1.5",
+    ])
+    events = EventAccumulator(str(logdir / "train_inner"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for attention_type in ATTENTION_TYPES:
+        head_tags = [f"alpha_{attention_type}_L{layer}_H{head}" for layer in range(2) for head in range(4)]
+        assert set(head_tags) <= tags
+        assert {f"alpha_{attention_type}_{s}" for s in ("mean", "min", "max")} <= tags
+        # Step 1 is logged before any update: every head at --alpha-init.
+        first_values = [events.Scalars(tag)[0].value for tag in head_tags]
+        assert first_values == pytest.approx([1.5] * len(head_tags), abs=1e-4)
+        last_values = [events.Scalars(tag)[-1].value for tag in head_tags]
+        mean = events.Scalars(f"alpha_{attention_type}_mean")[-1].value
+        assert sum(last_values) / len(last_values) == pytest.approx(mean, abs=1e-3)
