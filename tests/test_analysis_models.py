@@ -11,6 +11,7 @@ import torch
 
 from fairseq_entmax.analysis import analyze
 from fairseq_entmax.analysis.capture import ATTENTION_TYPES, attention_sites, capture_attention
+from fairseq_entmax.analysis.cli import main
 from fairseq_entmax.analysis.runner import load_checkpoint
 from fairseq_entmax.analysis.training_log import read_log_file
 from fairseq_entmax.normalizers import alpha_entmax
@@ -251,12 +252,12 @@ def test_python_api_reads_per_head_alpha_from_the_recorded_tensorboard_log(alpha
     assert (tmp_path / "out" / "analysis.json").exists()
 
 
-def test_console_script_reports_bad_input_clearly(tiny_data, tmp_path):
-    missing = run([BIN_DIR / "fairseq-entmax-analyze", tiny_data.data_bin, "--path", tmp_path / "nope.pt",
-                   "--output-dir", tmp_path / "out"], check=False)
-    assert missing.returncode == 2
-    assert "nope.pt does not exist" in missing.stderr
-    mismatch = run([BIN_DIR / "fairseq-entmax-analyze", tiny_data.data_bin, "--path", tmp_path / "a.pt",
-                    "--path", tmp_path / "b.pt", "--name", "only-one", "--output-dir", tmp_path / "out"], check=False)
-    assert mismatch.returncode == 2
-    assert "give one per --path" in mismatch.stderr
+def test_bad_input_is_reported_with_what_to_do(tiny_data, tmp_path, capsys):
+    # main() is the console script's entry point, called in-process to keep the test fast
+    assert main([str(tiny_data.data_bin), "--path", str(tmp_path / "nope.pt"), "--output-dir", str(tmp_path)]) == 2
+    assert "nope.pt does not exist" in capsys.readouterr().err
+    assert main([str(tiny_data.data_bin), "--path", "a.pt", "--path", "b.pt", "--name", "only-one",
+                 "--output-dir", str(tmp_path)]) == 2
+    assert "give one per --path" in capsys.readouterr().err
+    assert main([str(tmp_path / "no-data-bin"), "--path", "a.pt", "--output-dir", str(tmp_path)]) == 2
+    assert "data-bin directory" in capsys.readouterr().err

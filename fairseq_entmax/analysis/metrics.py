@@ -107,33 +107,34 @@ class HeadStatistics:
                 f"expected attention weights of shape (heads={self.num_heads}, batch, queries, keys), "
                 f"got {tuple(weights.shape)}"
             )
-        weights = weights.detach().float().cpu()
-        query_mask = query_mask.cpu()
-        key_mask = key_mask.cpu()
+        # computed where the weights are (GPU or CPU); only the per-head sums come to the CPU
+        weights = weights.detach().float()
+        device = weights.device
+        query_mask, key_mask = query_mask.to(device), key_mask.to(device)
         allowed = key_mask.expand(weights.shape[1:]).sum(-1)  # (batch, queries)
         real = query_mask & (allowed > 0)
         n = int(real.sum())
         self.queries += n
 
         count = keys_attended(weights, key_mask).double()  # (heads, batch, queries)
-        self.count_sum += count[:, real].sum(-1)
-        self.fraction_sum += (count / allowed.clamp(min=1))[:, real].sum(-1)
+        self.count_sum += count[:, real].sum(-1).cpu()
+        self.fraction_sum += (count / allowed.clamp(min=1))[:, real].sum(-1).cpu()
         self.js_sum += float(head_js_divergence(weights)[real].sum())
 
         if tokens is None:
             return
-        tokens = tokens.cpu()
+        tokens = tokens.to(device)
         for offset, name in ((-1, "previous"), (1, "next")):
             valid = offset_valid(real, key_mask, offset)
-            total = getattr(self, f"{name}_sum") + offset_weight(weights, offset)[:, valid].double().sum(-1)
+            total = getattr(self, f"{name}_sum") + offset_weight(weights, offset)[:, valid].double().sum(-1).cpu()
             setattr(self, f"{name}_sum", total)
             setattr(self, f"{name}_queries", getattr(self, f"{name}_queries") + int(valid.sum()))
 
         if continues is not None:
-            others = same_word_other_pieces(tokens, continues.cpu(), key_mask)
+            others = same_word_other_pieces(tokens, continues.to(device), key_mask)
             valid = real & others.any(-1)
             mass = (weights * others).sum(-1)  # (heads, batch, queries)
-            self.merge_sum += mass[:, valid].double().sum(-1)
+            self.merge_sum += mass[:, valid].double().sum(-1).cpu()
             self.merge_queries += int(valid.sum())
 
     @staticmethod

@@ -94,6 +94,7 @@ def analyse_checkpoint(
 ):
     """Analyse one checkpoint. Returns its entry of analysis.json plus, under the key
     "_attention_maps", the chosen sentence's attention (for the figures; not serialised)."""
+    from fairseq import utils
     from fairseq.logging import progress_bar
 
     model, cfg, task = load_checkpoint(path, data, user_dir)
@@ -106,8 +107,6 @@ def analyse_checkpoint(
     pad = src_dict.pad()
     source_continues = _continuation_table(src_dict).to(device)
     target_continues = _continuation_table(tgt_dict).to(device)
-
-    from fairseq import utils
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     batches = _first_sentences_in_batches(dataset, num_sentences, max_positions, max_tokens, batch_size)
@@ -135,9 +134,10 @@ def analyse_checkpoint(
 
     n_sentences = 0
     label = name or str(path)
+    # fairseq's progress bar: tqdm on a terminal, a log line every tenth of the batches otherwise
     bar = progress_bar.progress_bar(
-        batches, log_format=None if progress else "none", log_interval=max(1, len(batches) // 10), prefix=f"analysing {label}",
-        default_log_format="tqdm",
+        batches, log_format=None if progress else "none", log_interval=max(1, len(batches) // 10),
+        prefix=f"analysing {label}", default_log_format="tqdm",
     )
     with torch.no_grad(), capture_attention(sites, receive):
         for batch_indices in bar:
@@ -159,6 +159,9 @@ def analyse_checkpoint(
             n_sentences += len(ids)
             bar.log({"sentences": n_sentences})
 
+    if sentence_id is not None and maps["sentence_id"] is None:
+        logger.warning("sentence %d is not among the %d analysed sentences: no attention maps drawn",
+                       sentence_id, n_sentences)
     result = _summarise(sites, statistics, positional_threshold, bpe_threshold)
     result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
