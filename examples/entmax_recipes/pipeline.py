@@ -72,7 +72,8 @@ def run_logged(args, log_path, show=None, env=None):
         log_file.flush()
         proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(os.environ, **(env or {})), bufsize=1,
+            # Unbuffered, so fairseq's log lines arrive (and show) as they are written.
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), bufsize=1,
         )
         try:
             for line in proc.stdout:
@@ -91,6 +92,17 @@ def run_logged(args, log_path, show=None, env=None):
 
 
 # --------------------------------------------------------------------------- corpus checks
+
+def read_lines(path):
+    """Lines of a text file split on "\n" only (str.splitlines would also split on the
+    Unicode line separators some corpora hold inside sentences, breaking the alignment)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.replace("\r", " ") for line in lines]
+
 
 def count_lines(path):
     with open(path, "rb") as f:
@@ -158,8 +170,7 @@ def _tokenize_line(line):
 
 def tokenize_file(in_path, out_path, lang, workers=1):
     """Moses-tokenise one file with sacremoses (in `workers` processes)."""
-    with open(in_path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    lines = read_lines(in_path)
     if workers > 1:
         with Pool(workers, initializer=_init_tokenizer, initargs=(lang,)) as pool:
             tokenized = pool.map(_tokenize_line, lines, chunksize=2000)
@@ -207,8 +218,8 @@ def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
     exceeds max_ratio (what Moses' clean-corpus-n.perl does in fairseq's prepare scripts).
     Returns (kept, dropped)."""
     source_path, target_path = bpe_dir / f"train.{src}", bpe_dir / f"train.{tgt}"
-    source_lines = source_path.read_text(encoding="utf-8").splitlines()
-    target_lines = target_path.read_text(encoding="utf-8").splitlines()
+    source_lines = read_lines(source_path)
+    target_lines = read_lines(target_path)
     kept_source, kept_target = [], []
     for s, t in zip(source_lines, target_lines):
         ns, nt = len(s.split()), len(t.split())
@@ -356,33 +367,48 @@ def _checkpoint_order(path):
     return numbers[-1] if numbers else -1
 
 
+def _load(path):
+    import torch
+
+    # Checkpoints this run has just written itself, so full unpickling is safe here.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _num_updates(path):
+    return _load(path)["optimizer_history"][-1]["num_updates"]
+
+
 def last_checkpoints(save_dir, n):
-    """The n most recent numbered checkpoints (update-interval ones if there are any)."""
+    """The n most recent states of a run: its numbered checkpoints (update-interval ones if
+    there are any), plus checkpoint_last.pt when training stopped (at --max-update) after the
+    last numbered one was written, which is the usual case."""
     save_dir = Path(save_dir)
     by_update = sorted(save_dir.glob("checkpoint_*_*.pt"), key=_checkpoint_order)
     by_epoch = sorted((p for p in save_dir.glob("checkpoint*.pt") if re.fullmatch(r"checkpoint\d+", p.stem)),
                       key=_checkpoint_order)
-    return (by_update or by_epoch)[-n:]
+    numbered = by_update or by_epoch
+    last = save_dir / "checkpoint_last.pt"
+    if last.exists() and (not numbered or _num_updates(last) > _num_updates(numbered[-1])):
+        numbered = numbered + [last]
+    return numbered[-n:]
 
 
 def average_checkpoints(paths, out_path):
     """Average the model parameters of several checkpoints of one run (fairseq's
     scripts/average_checkpoints.py is not installed by pip). Everything but the parameters
     (config, optimizer history) is taken from the last checkpoint."""
-    import torch
     from fairseq import checkpoint_utils
 
     summed, last = None, None
     for path in paths:
-        # Checkpoints this run has just written itself, so full unpickling is safe here.
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = _load(path)
         params = state["model"]
         if summed is None:
-            summed = {k: v.clone().double() if v.is_floating_point() else v.clone() for k, v in params.items()}
+            summed = {k: v.double() if v.is_floating_point() else v for k, v in params.items()}
         else:
             for k, v in params.items():
                 if v.is_floating_point():
-                    summed[k] += v.double()
+                    summed[k] = summed[k] + v.double()
         last = state
     for k, v in last["model"].items():
         last["model"][k] = (summed[k] / len(paths)).to(v.dtype) if v.is_floating_point() else v
@@ -391,14 +417,14 @@ def average_checkpoints(paths, out_path):
 
 def averaged_checkpoint(save_dir, n, label):
     """checkpoint_avg{n}.pt of a finished run (made once); falls back to checkpoint_last.pt
-    when the run saved fewer checkpoints than n."""
+    when the run has a single state to average."""
     save_dir = Path(save_dir)
     out = save_dir / f"checkpoint_avg{n}.pt"
     if out.exists():
         return out
     paths = last_checkpoints(save_dir, n)
     if len(paths) < 2:
-        log(f"{label}: fewer than 2 numbered checkpoints, using checkpoint_last.pt without averaging")
+        log(f"{label}: a single checkpoint, nothing to average: using checkpoint_last.pt")
         return save_dir / "checkpoint_last.pt"
     log(f"{label}: averaging {', '.join(p.name for p in paths)}")
     average_checkpoints(paths, out)
@@ -414,7 +440,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     out_dir = Path(out_dir)
     hyp_path = out_dir / f"{subset}.hyp"
     if hyp_path.exists():
-        return hyp_path.read_text(encoding="utf-8").splitlines()
+        return read_lines(hyp_path)
     log(f"{label}: translating {subset} (beam {beam})")
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
@@ -426,7 +452,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
         args.append("--cpu")
     run_logged(args, out_dir / "generate.log")
     hypotheses = {}
-    for line in (out_dir / f"generate-{subset}.txt").read_text(encoding="utf-8").splitlines():
+    for line in read_lines(out_dir / f"generate-{subset}.txt"):
         if line.startswith("H-"):
             key, _score, *text = line.split("\t")
             hypotheses[int(key[2:])] = text[0] if text else ""
@@ -452,7 +478,8 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
         "chrf_signature": str(chrf.get_signature()),
     }
     if tokenized_bleu:
-        bleu_tok = BLEU(tokenize="none")
+        # force: sacrebleu would warn that this text looks tokenised, which it is on purpose.
+        bleu_tok = BLEU(tokenize="none", force=True)
         result["bleu_tok"] = round(bleu_tok.corpus_score(hypotheses_tok, [references_tok]).score, 2)
         result["bleu_tok_signature"] = str(bleu_tok.get_signature())
     return result
@@ -460,7 +487,7 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
 
 # --------------------------------------------------------------------------- attention analysis
 
-def analyze(data_bin, checkpoints, subset, out_dir, log_path):
+def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None):
     """Run fairseq-entmax-analyze over the given checkpoints (label -> path); returns
     label -> {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}} and writes
     its figures to out_dir. Returns None if the analysis command is not installed."""
@@ -475,6 +502,8 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path):
         args = [command, data_bin, "--user-dir", user_dir(), "--subset", subset, "--output-dir", out_dir]
         for label, path in checkpoints.items():
             args += ["--path", path, "--name", label]
+        if num_sentences:
+            args += ["--num-sentences", num_sentences]
         run_logged(args, log_path)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
     summary = {}
@@ -491,6 +520,64 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path):
             "alpha": {t: (sum(v) / len(v), min(v), max(v)) for t, v in alphas.items()},
         }
     return summary
+
+
+# --------------------------------------------------------------------------- whole experiments
+
+def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1):
+    """raw text -> [Moses tokenisation] -> joint BPE [+ cleaning of training pairs] ->
+    fairseq-preprocess, each step skipped when done. Returns (tokenised text dir, data-bin)."""
+    work = Path(work)
+    text_dir = work / "tok" if tokenize else Path(raw_dir)
+    if tokenize and not is_done(text_dir / "tokenize.done"):
+        log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
+        text_dir.mkdir(parents=True, exist_ok=True)
+        for split in SPLITS:
+            for lang in (src, tgt):
+                tokenize_file(Path(raw_dir) / f"{split}.{lang}", text_dir / f"{split}.{lang}", lang, workers=workers)
+        mark_done(text_dir / "tokenize.done")
+    bpe_dir = work / "bpe"
+    if not is_done(bpe_dir / "bpe.done"):
+        log(f"bpe: learning {bpe_merges} joint merges (subword-nmt)")
+        bpe_dir.mkdir(parents=True, exist_ok=True)
+        codes = bpe_dir / "codes"
+        learn_joint_bpe(text_dir / f"train.{src}", text_dir / f"train.{tgt}", bpe_merges, codes, bpe_dir / "bpe.log")
+        for split in SPLITS:
+            for lang in (src, tgt):
+                apply_bpe(codes, text_dir / f"{split}.{lang}", bpe_dir / f"{split}.{lang}", bpe_dir / "bpe.log", workers=workers)
+        info = {}
+        if clean:
+            kept, dropped = clean_training_pair(bpe_dir, src, tgt, *clean)
+            log(f"bpe: {kept} training pairs kept, {dropped} dropped (empty, > {clean[0]} tokens or length ratio > {clean[1]})")
+            info = {"kept": kept, "dropped": dropped}
+        mark_done(bpe_dir / "bpe.done", info)
+    data_bin = work / "data-bin"
+    if not is_done(data_bin / "preprocess.done"):
+        log("binarize: fairseq-preprocess")
+        binarize(bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers)
+        mark_done(data_bin / "preprocess.done")
+    return text_dir, data_bin
+
+
+def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, references_raw, tgt,
+                       label=None, average_last=1, beam=5, lenpen=1.0, max_len=None, tokenized_bleu=True,
+                       threads=None):
+    """Train one variant with one seed, average its last checkpoints, translate the test set
+    and score it. Returns a result row (without the attention analysis)."""
+    name = f"{variant}-seed{seed}"
+    label = label or name
+    save_dir = Path(work) / "models" / name
+    seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
+    if average_last > 1:
+        checkpoint = averaged_checkpoint(save_dir, average_last, label)
+    else:
+        checkpoint = save_dir / "checkpoint_last.pt"
+    hypotheses = generate(data_bin, checkpoint, "test", Path(work) / "eval" / name, beam=beam, lenpen=lenpen,
+                          label=label, max_len=max_len)
+    scores = score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu)
+    shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
+    log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
+    return {"model": variant, "seed": seed, "checkpoint": str(checkpoint), **scores, "train_seconds": seconds}
 
 
 # --------------------------------------------------------------------------- results table

@@ -97,36 +97,13 @@ def run(args):
     log(f"corpus {raw_dir} {src}->{tgt}: " + ", ".join(f"{s} {n} lines" for s, n in counts.items()))
     work.mkdir(parents=True, exist_ok=True)
 
-    # 2. Tokenisation (raw text of the user's corpus; the toy pair is already tokenised).
-    if own_corpus:
-        text_dir = work / "tok"
-        if not pipeline.is_done(text_dir / "tokenize.done"):
-            log("Moses tokenisation (sacremoses)")
-            text_dir.mkdir(parents=True, exist_ok=True)
-            for split, pair in files.items():
-                for lang, path in zip((src, tgt), pair):
-                    pipeline.tokenize_file(path, text_dir / f"{split}.{lang}", lang)
-            pipeline.mark_done(text_dir / "tokenize.done")
-    else:
-        text_dir = raw_dir
+    # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
+    # fairseq-preprocess.
+    text_dir, data_bin = pipeline.build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
+                                                tokenize=own_corpus, clean=None)
 
-    # 3. Joint BPE, 4. fairseq-preprocess.
-    bpe_dir, data_bin = work / "bpe", work / "data-bin"
-    if not pipeline.is_done(bpe_dir / "bpe.done"):
-        log(f"joint BPE with {size['bpe_merges']} merges (subword-nmt)")
-        bpe_dir.mkdir(parents=True, exist_ok=True)
-        codes = bpe_dir / "codes"
-        pipeline.learn_joint_bpe(text_dir / f"train.{src}", text_dir / f"train.{tgt}", size["bpe_merges"], codes, bpe_dir / "bpe.log")
-        for split in pipeline.SPLITS:
-            for lang in (src, tgt):
-                pipeline.apply_bpe(codes, text_dir / f"{split}.{lang}", bpe_dir / f"{split}.{lang}", bpe_dir / "bpe.log")
-        pipeline.mark_done(bpe_dir / "bpe.done")
-    if not pipeline.is_done(data_bin / "preprocess.done"):
-        log("binarising (fairseq-preprocess)")
-        pipeline.binarize(bpe_dir, src, tgt, data_bin, work / "preprocess.log")
-        pipeline.mark_done(data_bin / "preprocess.done")
-
-    # 5. Training, one model per attention variant, all with the same size and budget.
+    # 3. Training, one model per attention variant, all with the same size and budget, then
+    # translation of the test set and scoring.
     settings = TrainSettings(
         arch="adaptively_sparse_transformer", max_update=size["max_update"], max_tokens=size["max_tokens"],
         lr=2e-3, warmup_updates=size["warmup"], dropout=0.1, topk=size["topk"], keep_last_epochs=1,
@@ -139,29 +116,21 @@ def run(args):
         ],
         extra_args=["--no-epoch-checkpoints"],
     )
-    train_seconds, checkpoints = {}, {}
+    references_tok = pipeline.read_lines(text_dir / f"test.{tgt}")
+    references_raw = pipeline.read_lines(files["test"][1])
+    rows = []
     for i, variant in enumerate(args.models, 1):
-        log(f"model {i}/{len(args.models)}: {variant}")
-        save_dir = work / "models" / variant
-        train_seconds[variant] = pipeline.train(data_bin, save_dir, variant, settings, threads=args.threads)
-        checkpoints[variant] = save_dir / "checkpoint_last.pt"
+        rows.append(pipeline.train_and_evaluate(
+            data_bin, work, variant, 1, settings, references_tok, references_raw, tgt,
+            label=f"{variant} [{i}/{len(args.models)}]", max_len=(1.5, 10), tokenized_bleu=own_corpus,
+            threads=args.threads))
+    checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
-    # 6. Translation of the test set and scoring.
-    references_tok = (text_dir / f"test.{tgt}").read_text(encoding="utf-8").splitlines()
-    references_raw = files["test"][1].read_text(encoding="utf-8").splitlines()
-    scores = {}
-    for variant, checkpoint in checkpoints.items():
-        hypotheses = pipeline.generate(data_bin, checkpoint, "test", work / "eval" / variant, label=variant,
-                                       max_len=(1.5, 10))
-        scores[variant] = pipeline.score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=own_corpus)
-
-    # 7. Attention analysis: density and learned alphas for the table, figures on disk.
+    # 4. Attention analysis: density and learned alphas for the table, figures on disk.
     analysis = pipeline.analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log")
 
-    rows = []
-    for variant in checkpoints:
-        rows.append({"model": variant, **scores[variant], "train_seconds": train_seconds[variant],
-                     **((analysis or {}).get(variant, {}))})
+    for row in rows:
+        row.update((analysis or {}).get(row["model"], {}))
     table = pipeline.format_table(rows)
     signatures = (f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}")
     notes = (f"Test set: {counts['test']} sentences of {raw_dir} ({src}->{tgt}); density = mean fraction of "

@@ -1,0 +1,164 @@
+"""The quickstart (`make demo`) as a user runs it: examples/quickstart/quickstart.py end to end
+at its --tiny size (toy corpus, BPE, fairseq-preprocess, four fairseq-train runs,
+fairseq-generate, sacrebleu, fairseq-entmax-analyze, table), on a user's own corpus, with bad
+input, and resumed after an interrupt."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import run, write_tiny_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.py"
+VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
+sys.path.insert(0, str(QUICKSTART.parent))
+from toy_language import ToyLanguagePair, write_toy_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(tmp_path_factory):
+    """One --tiny quickstart run with all four variants (module-scoped: about a minute)."""
+    work = tmp_path_factory.mktemp("quickstart") / "work"
+    proc = run([sys.executable, QUICKSTART, "--tiny", "--work-dir", work], timeout=900)
+    return work, proc.stdout + proc.stderr
+
+
+def test_quickstart_prints_one_row_per_model_with_scores_density_alpha_and_time(tiny_demo):
+    work, output = tiny_demo
+    rows = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
+    assert set(rows) == set(VARIANTS)
+    for variant, row in rows.items():
+        assert 0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["chrf"] <= 100.0
+        assert row["bleu_signature"].startswith("nrefs:1|") and "tok:13a" in row["bleu_signature"]
+        assert row["chrf_signature"].startswith("nrefs:1|")
+        assert row["train_seconds"] > 0
+        assert set(row["density"]) == set(ATTENTION_TYPES)
+        # The table row of this model, as printed.
+        assert any(line.startswith(f"| {variant} ") for line in output.splitlines()), output[-3000:]
+    # Softmax gives every key weight; top-k (k = 2 at this size) keeps a fraction of them.
+    assert all(rows["softmax"]["density"][t] > 0.99 for t in ATTENTION_TYPES)
+    assert all(rows["topk"]["density"][t] < 0.9 for t in ATTENTION_TYPES)
+    # Fixed alphas are reported as such, learned ones lie in the clamp range [1.01, 2].
+    assert all(rows["entmax15"]["alpha"][t][0] == pytest.approx(1.5) for t in ATTENTION_TYPES)
+    for t in ATTENTION_TYPES:
+        mean, low, high = rows["alpha_entmax"]["alpha"][t]
+        assert 1.01 - 1e-6 <= low <= mean <= high <= 2.0 + 1e-6
+    assert "alpha" not in rows["topk"] or not rows["topk"]["alpha"]
+    assert "BLEU: nrefs:1" in output and "chrF: nrefs:1" in output
+    assert list((work / "analysis").glob("*.png")), "fairseq-entmax-analyze wrote no figures"
+
+
+def test_quickstart_translations_cover_the_test_set(tiny_demo):
+    work, _ = tiny_demo
+    n_test = len((work / "raw" / "test.sov").read_text().splitlines())
+    for variant in VARIANTS:
+        hypotheses = (work / "eval" / f"{variant}-seed1" / "test.hyp").read_text().split("\n")[:-1]
+        assert len(hypotheses) == n_test
+
+
+def test_toy_pair_reorders_and_maps_every_content_word(tmp_path):
+    """The documented grammar: the verb goes last with its tense suffix, subject first."""
+    pair = ToyLanguagePair(seed=0)
+    verbs = dict(pair.lexicon["verb"])
+    nouns = dict(pair.lexicon["noun"])
+    directory, src, tgt = write_toy_corpus(tmp_path, n_train=200, n_valid=20, n_test=20, seed=0)
+    sources = (directory / f"train.{src}").read_text().splitlines()
+    targets = (directory / f"train.{tgt}").read_text().splitlines()
+    assert len(sources) == len(targets) == 200
+    assert len(set(sources)) == 200
+    for source, target in zip(sources, targets):
+        words, target_words = source.split(), target.split()
+        verb = next(w for w in words if w in verbs)
+        tense = {"fe": "ta", "vo": "ru"}.get(words[words.index(verb) - 1], "")
+        assert target_words[-1] == verbs[verb] + tense
+        subject_noun = words[1].removesuffix("s") if words[1] not in nouns else words[1]
+        assert nouns[subject_noun] in target_words[target_words.index("ga") - 1]
+    # Deterministic for a seed.
+    again, _, _ = write_toy_corpus(tmp_path / "again", n_train=200, n_valid=20, n_test=20, seed=0)
+    assert (again / f"train.{src}").read_text() == "\n".join(sources) + "\n"
+
+
+def test_quickstart_on_own_corpus_tokenizes_and_reports_tokenized_bleu(tmp_path):
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
+    work = tmp_path / "work"
+    proc = run([sys.executable, QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
+                "--models", "softmax", "--work-dir", work], timeout=600)
+    rows = json.loads((work / "results.json").read_text())
+    assert [row["model"] for row in rows] == ["softmax"]
+    assert "tok:none" in rows[0]["bleu_tok_signature"]
+    assert (work / "tok" / "train.src").exists(), "the user's corpus was not Moses-tokenised"
+    assert "| softmax " in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["missing_file", "line_mismatch", "empty", "unknown_language"])
+def test_quickstart_rejects_bad_corpus_before_training(tmp_path, case):
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=20, n_valid=5, n_test=5)
+    src, tgt = "src", "tgt"
+    if case == "missing_file":
+        (corpus / "valid.tgt").unlink()
+        expected = "missing data files"
+    elif case == "line_mismatch":
+        (corpus / "train.tgt").write_text("only one line\n")
+        expected = "has 20 lines but"
+    elif case == "empty":
+        for split in ("train", "valid", "test"):
+            (corpus / f"{split}.src").write_text("")
+            (corpus / f"{split}.tgt").write_text("")
+        expected = "empty"
+    else:
+        tgt = "xx"
+        expected = "train.xx"
+    work = tmp_path / "work"
+    proc = run([sys.executable, QUICKSTART, "--data", corpus, "--src", src, "--tgt", tgt, "--work-dir", work],
+               check=False, timeout=120)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (work / "data-bin").exists() and not (work / "models").exists()
+
+
+def test_quickstart_argument_errors():
+    proc = run([sys.executable, QUICKSTART, "--data", "somewhere"], check=False, timeout=60)
+    assert proc.returncode == 2 and "--src and --tgt" in proc.stderr
+    proc = run([sys.executable, QUICKSTART, "--data", "x", "--src", "de", "--tgt", "de"], check=False, timeout=60)
+    assert proc.returncode == 2 and "two different languages" in proc.stderr
+
+
+def test_quickstart_resumes_an_interrupted_training(tmp_path):
+    """Ctrl-C during training, then the same command: the finished stages are skipped and
+    fairseq-train continues from checkpoint_last.pt instead of starting over."""
+    work = tmp_path / "work"
+    command = [sys.executable, QUICKSTART, "--tiny", "--models", "softmax", "--max-update", "120",
+               "--work-dir", work]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+    checkpoint = work / "models" / "softmax-seed1" / "checkpoint_last.pt"
+    deadline = time.time() + 600
+    while not checkpoint.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert checkpoint.exists(), "no checkpoint was written before the interrupt"
+    time.sleep(1.0)  # let fairseq finish writing it
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
+    proc.communicate(timeout=120)
+    assert not (work / "models" / "softmax-seed1" / "train.done").exists(), "training finished before the interrupt"
+    data_bin_stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
+
+    resumed = run(command, timeout=900)
+    output = resumed.stdout
+    assert "resuming from" in output
+    train_log = (work / "models" / "softmax-seed1" / "train.log").read_text()
+    second_run = train_log[train_log.rindex("$ "):]
+    loaded = re.search(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", second_run)
+    assert loaded and int(loaded.group(2)) > 0, second_run[-3000:]
+    assert (work / "data-bin" / "preprocess.done").stat().st_mtime == data_bin_stamp, "data was rebuilt"
+    assert json.loads((work / "results.json").read_text())[0]["model"] == "softmax"
