@@ -5,6 +5,7 @@ transformer (softmax), learned alpha-entmax and top-k."""
 import csv
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -152,7 +153,8 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         "--subset", "valid", "--num-sentences", "24", "--max-tokens", "100", "--sentence-id", "3",
         "--output-dir", output_dir,
     ])
-    assert "analysing alpha" in proc.stdout + proc.stderr  # progress lines
+    # progress: fairseq-style log lines "analysing alpha:   3 / 6 sentences=12"
+    assert re.search(r"analysing alpha:\s+\d+ / \d+ sentences=\d+", proc.stdout + proc.stderr)
 
     analysis = json.loads((output_dir / "analysis.json").read_text())
     softmax, alpha, topk = analysis["models"]
