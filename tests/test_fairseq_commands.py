@@ -44,6 +44,7 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     proc = run([
         fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
         "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
+        "--print-alignment", "soft",
     ])
     output = proc.stdout + proc.stderr
     hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", output, flags=re.M)
@@ -51,6 +52,17 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     # The tiny corpus maps s<i> to t<i> (30 words) and reverses the order: guessing gives a
     # unigram precision of ~3%, the trained word mapping far more.
     assert bleu_unigram_precision(output) > 10.0
+
+    # --print-alignment soft: "A-<id>\t" then, per target token, the last layer's cross
+    # attention over the (unpadded) source tokens, averaged over heads.
+    rows = re.findall(r"^A-\d+\t(.*)$", proc.stdout, flags=re.M)
+    assert len(rows) == 40
+    weights = [float(w) for row in rows for token in row.split() for w in token.split(",")]
+    assert all(0.0 <= w <= 1.0 for w in weights)
+    if normalizer in ("sparsemax", "topk"):
+        assert 0.0 in weights  # exact zeros, as the normalizer gave them
+    if normalizer == "softmax":
+        assert 0.0 not in weights
 
 
 def test_learned_alpha_is_in_the_training_log(trained_model):
@@ -67,24 +79,8 @@ def test_learned_alpha_is_in_the_training_log(trained_model):
         first[f"alpha_{t}_mean"] != last[f"alpha_{t}_mean"] for t in ATTENTION_TYPES
     )
     # Softmax learns nothing of the kind, and says nothing about alpha.
-    softmax_log = trained_model("softmax").train_log
-    assert "alpha_" not in softmax_log
-
-
-def test_print_alignment_gives_the_sparse_cross_attention(trained_model):
-    model = trained_model("sparsemax")
-    proc = run([
-        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
-        "--print-alignment", "soft",
-    ])
-    # "A-<id>\t" then, per target token, the weights over source tokens: sparsemax gives
-    # exact zeros, which fairseq prints as 0.
-    rows = re.findall(r"^A-\d+\t(.*)$", proc.stdout, flags=re.M)
-    assert len(rows) == 40
-    weights = [float(w) for row in rows for token in row.split() for w in token.split(",")]
-    assert weights.count(0.0) > len(weights) // 10
-    assert all(0.0 <= w <= 1.0 for w in weights)
+    softmax_records = json_records(trained_model("softmax").train_log, "train_inner")
+    assert softmax_records and not any(k.startswith("alpha_") for r in softmax_records for k in r)
 
 
 def test_interactive_translates_typed_sentences(trained_model, tiny_data):
@@ -106,7 +102,8 @@ def test_validate_loads_the_checkpoint(trained_model):
     model = trained_model("entmax15")
     proc = run([
         fairseq_command("fairseq-validate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--cpu", "--valid-subset", "valid", "--max-tokens", "1000",
+        "--path", model.checkpoint, "--task", "translation", "--cpu", "--valid-subset", "valid",
+        "--max-tokens", "1000",
     ])
     found = re.search(r"valid on 'valid' subset \| loss ([0-9.]+)", proc.stdout + proc.stderr)
     assert found and math.isfinite(float(found.group(1)))

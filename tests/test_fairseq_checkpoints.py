@@ -1,0 +1,65 @@
+"""Checkpoints on torch >= 2.6 (weights_only=True stays on): fairseq's commands and hub
+interface load ours; a checkpoint carrying a payload that would run code is refused and
+nothing of it runs."""
+import os
+import subprocess
+import sys
+
+import torch
+
+from helpers import USER_DIR, fairseq_command, run
+
+
+class RunsCodeWhenUnpickled:
+    """Unpickling this calls os.system, as a malicious checkpoint would."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_checkpoint_with_code_payload_is_refused_and_nothing_runs(trained_model, tmp_path):
+    model = trained_model("alpha_entmax")
+    marker = tmp_path / "payload_ran"
+    state = torch.load(model.checkpoint, weights_only=True)
+    state["extra_state"]["payload"] = RunsCodeWhenUnpickled(f"touch {marker}")
+    malicious = tmp_path / "checkpoint_malicious.pt"
+    torch.save(state, malicious)
+
+    proc = run([
+        fairseq_command("fairseq-generate"), model.data_bin, "--path", malicious,
+        "--user-dir", USER_DIR, "--cpu",
+    ], check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "Refusing to load checkpoint" in output and "posix.system" in output, output[-3000:]
+    assert not marker.exists()
+
+    # The payload is live: the unsafe loader the refusal protects from would run it.
+    torch.load(malicious, weights_only=False)
+    assert marker.exists()
+
+
+def test_hub_interface_translates_with_our_user_dir(trained_model, tiny_data):
+    model = trained_model("alpha_entmax")
+    source = (tiny_data.raw_dir / "test.src").read_text().splitlines()[0]
+    code = (
+        "import sys\n"
+        "from fairseq.models.transformer import TransformerModel\n"
+        "hub = TransformerModel.from_pretrained(sys.argv[1], checkpoint_file='checkpoint_last.pt',\n"
+        "    data_name_or_path=sys.argv[2], user_dir=sys.argv[3], beam=4)\n"
+        "print(type(hub.models[0]).__name__)\n"
+        "print(hub.translate(sys.argv[4]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(model.save_dir), str(model.data_bin), USER_DIR, source],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    class_name, translation = proc.stdout.strip().splitlines()[-2:]
+    assert class_name == "AdaptivelySparseTransformerModel"
+    words = translation.split()
+    assert words and all(w.startswith("t") and w[1:].isdigit() for w in words)

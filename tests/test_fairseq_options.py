@@ -1,0 +1,57 @@
+"""Bad option values stop fairseq at argument parsing, before any data is read, with
+fairseq's argument error: exit code not 0, a message naming the option and what is allowed."""
+import pytest
+from fairseq import options
+
+from helpers import USER_DIR, fairseq_command, run
+
+NORMALIZERS = "softmax, sparsemax, entmax15, alpha_entmax, topk"
+BAD_OPTIONS = [
+    ("--attention-normalizer", "relu", NORMALIZERS),
+    ("--encoder-self-attention-normalizer", "sparse", NORMALIZERS),
+    ("--decoder-self-attention-normalizer", "entmax", NORMALIZERS),
+    ("--cross-attention-normalizer", "entmax", NORMALIZERS),
+    ("--topk", "0", "integers >= 1"),
+    ("--topk", "2.5", "integers >= 1"),
+    ("--topk-min", "-1", "integers >= 1"),
+    ("--alpha-init", "2.5", "'random' or a number in (1, 2]"),
+    ("--alpha-init", "1", "'random' or a number in (1, 2]"),
+    ("--alpha-init", "uniform", "'random' or a number in (1, 2]"),
+    ("--topk-fraction", "0", "numbers in (0, 1]"),
+    ("--topk-fraction", "1.5", "numbers in (0, 1]"),
+    ("--alpha-clamp", "0.5,2", "1 <= MIN < MAX <= 2"),
+    ("--alpha-clamp", "1.5", "1 <= MIN < MAX <= 2"),
+]
+
+
+def unquoted(text):
+    return text.replace("'", "")
+
+
+@pytest.mark.parametrize("option, value, allowed", [BAD_OPTIONS[0], BAD_OPTIONS[7]])
+def test_fairseq_train_stops_at_a_bad_option_before_reading_data(tmp_path, option, value, allowed):
+    missing_data = tmp_path / "no-such-data-bin"  # reading data would fail differently
+    proc = run([
+        fairseq_command("fairseq-train"), missing_data, "--user-dir", USER_DIR,
+        "--arch", "adaptively_sparse_transformer", "--cpu", option, value,
+    ], check=False)
+    assert proc.returncode != 0
+    assert f"argument {option}:" in proc.stderr
+    assert unquoted(allowed) in unquoted(proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("option, value, allowed", BAD_OPTIONS)
+def test_fairseqs_parser_rejects_each_bad_value(tmp_path, capsys, option, value, allowed):
+    """The same parser fairseq-train, -generate, -interactive and -validate use."""
+    parser = options.get_training_parser()
+    with pytest.raises(SystemExit) as stopped:
+        options.parse_args_and_arch(parser, [
+            str(tmp_path / "no-such-data-bin"), "--user-dir", USER_DIR,
+            "--arch", "explicit_sparse_transformer", option, value,
+        ])
+    assert stopped.value.code != 0
+    error = capsys.readouterr().err
+    assert f"argument {option}:" in error
+    assert unquoted(allowed) in unquoted(error)
+    assert repr(value) in error or value in error
