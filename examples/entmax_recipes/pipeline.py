@@ -215,7 +215,8 @@ def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
 
 def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
     """Drop training pairs that are empty, longer than max_len tokens, or whose length ratio
-    exceeds max_ratio (what Moses' clean-corpus-n.perl does in fairseq's prepare scripts).
+    exceeds max_ratio (None: no ratio rule), as Moses' clean-corpus-n.perl in fairseq's
+    prepare scripts.
     Returns (kept, dropped)."""
     source_path, target_path = bpe_dir / f"train.{src}", bpe_dir / f"train.{tgt}"
     source_lines = read_lines(source_path)
@@ -223,11 +224,12 @@ def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
     kept_source, kept_target = [], []
     for s, t in zip(source_lines, target_lines):
         ns, nt = len(s.split()), len(t.split())
-        if 1 <= ns <= max_len and 1 <= nt <= max_len and max(ns, nt) <= max_ratio * min(ns, nt):
+        ratio_ok = max_ratio is None or max(ns, nt) <= max_ratio * min(ns, nt)
+        if 1 <= ns <= max_len and 1 <= nt <= max_len and ratio_ok:
             kept_source.append(s)
             kept_target.append(t)
     if not kept_source:
-        raise PipelineError(f"no training pair is left after cleaning (1..{max_len} tokens, ratio <= {max_ratio})")
+        raise PipelineError(f"no training pair is left after cleaning (1..{max_len} tokens, length ratio <= {max_ratio})")
     source_path.write_text("\n".join(kept_source) + "\n", encoding="utf-8")
     target_path.write_text("\n".join(kept_target) + "\n", encoding="utf-8")
     return len(kept_source), len(source_lines) - len(kept_source)
@@ -548,7 +550,8 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
         info = {}
         if clean:
             kept, dropped = clean_training_pair(bpe_dir, src, tgt, *clean)
-            log(f"bpe: {kept} training pairs kept, {dropped} dropped (empty, > {clean[0]} tokens or length ratio > {clean[1]})")
+            rule = f"empty, > {clean[0]} tokens" + (f" or length ratio > {clean[1]}" if clean[1] else "")
+            log(f"bpe: {kept} training pairs kept, {dropped} dropped ({rule})")
             info = {"kept": kept, "dropped": dropped}
         mark_done(bpe_dir / "bpe.done", info)
     data_bin = work / "data-bin"

@@ -50,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
                         help="the IWSLT16 de-en sample: train/valid/test.{de,en} (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="default: runs/reproduction-iwslt-<budget>")
+    parser.add_argument("--max-update", type=int, help="training updates of every model (default: per budget)")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process")
     return parser.parse_args(argv)
 
@@ -70,7 +71,9 @@ def _take_lines(in_path, out_path, n):
 
 
 def run(args):
-    budget = BUDGETS[args.budget]
+    budget = dict(BUDGETS[args.budget])
+    if args.max_update:
+        budget["max_update"] = args.max_update
     work = (args.work_dir or REPO / "runs" / f"reproduction-iwslt-{args.budget}").resolve()
     started = time.time()
     files = {s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in pipeline.SPLITS}

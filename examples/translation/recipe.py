@@ -57,8 +57,8 @@ def parse_args(argv=None):
                         "--update-freq N, the batch is N times larger")
     parser.add_argument("--update-freq", type=int, help="accumulate gradients over N batches")
     parser.add_argument("--workers", type=int, default=1, help="processes for tokenisation, BPE and binarisation")
-    parser.add_argument("--analysis-sentences", type=int, default=500,
-                        help="test sentences the attention analysis runs over (default: 500)")
+    parser.add_argument("--analysis-sentences", type=int,
+                        help="test sentences the attention analysis runs over (default: 500, 100 with --smoke)")
     parser.add_argument("--skip-analysis", action="store_true", help="no fairseq-entmax-analyze stage")
     args = parser.parse_args(argv)
     task = TASKS[args.task]
@@ -128,7 +128,7 @@ def run(args):
     # analyze
     if not args.skip_analysis:
         analysis = pipeline.analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log",
-                                    num_sentences=args.analysis_sentences)
+                                    num_sentences=args.analysis_sentences or (100 if args.smoke else 500))
         for row in rows:
             row.update((analysis or {}).get(row["model"], {}))
 

@@ -1,0 +1,197 @@
+"""The paper recipes (examples/translation/recipe.py): the iwslt17 smoke mode end to end on the
+real TED text in ../shared/data, skipping finished stages on a rerun; bad input stopped before
+any long work; checkpoint averaging against an independent computation."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import run
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "examples" / "translation" / "recipe.py"
+SHARED_DATA = REPO.parent / "shared" / "data"
+VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+
+sys.path.insert(0, str(REPO / "examples"))
+from entmax_recipes import pipeline  # noqa: E402
+
+needs_shared_data = pytest.mark.skipif(
+    not (SHARED_DATA / "iwslt16_de_en_sample" / "train.de").exists(),
+    reason=f"the smoke mode reads real text from {SHARED_DATA}, which is absent here",
+)
+
+
+@pytest.fixture(scope="module")
+def iwslt_smoke(tmp_path_factory):
+    work = tmp_path_factory.mktemp("iwslt17_smoke") / "work"
+    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work], timeout=1200)
+    return work, proc.stdout + proc.stderr
+
+
+@needs_shared_data
+def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
+    work, output = iwslt_smoke
+    rows = {row["model"]: row for row in json.loads((work / "results-seed1.json").read_text())}
+    assert set(rows) == set(VARIANTS)
+    # The smoke test set is the first 200 lines of TED tst2014.
+    references = (SHARED_DATA / "iwslt16_de_en_sample" / "test.en").read_text(encoding="utf-8").split("\n")[:200]
+    assert pipeline.read_lines(work / "raw" / "test.en") == [r.strip() for r in references]
+    for variant, row in rows.items():
+        # Averaged checkpoint of the last epochs, translated in full, scored three ways.
+        assert Path(row["checkpoint"]).name == "checkpoint_avg3.pt" and Path(row["checkpoint"]).exists()
+        hypotheses = pipeline.read_lines(work / "eval" / f"{variant}-seed1" / "test.hyp")
+        assert len(hypotheses) == 200
+        assert "tok:none" in row["bleu_tok_signature"] and "tok:13a" in row["bleu_signature"]
+        assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["bleu"] <= 100 and 0 <= row["chrf"] <= 100
+        assert row["train_seconds"] > 0
+        assert set(row["density"]) == {"encoder_self", "decoder_self", "cross"}
+    # Joint BPE: one codes file, one joined dictionary for both languages.
+    assert (work / "bpe" / "codes").exists()
+    assert (work / "data-bin" / "dict.de.txt").read_text() == (work / "data-bin" / "dict.en.txt").read_text()
+    assert "tok BLEU" in output and "| alpha_entmax " in output
+
+
+@needs_shared_data
+def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
+    work, _ = iwslt_smoke
+    stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
+    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work], timeout=600)
+    for variant in VARIANTS:
+        assert f"{variant} [" in proc.stdout and "already trained" in proc.stdout
+    assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
+    assert (work / "data-bin" / "preprocess.done").stat().st_mtime == stamp
+
+
+def _write_corpus(directory, lines=None, skip=()):
+    directory.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            if (split, lang) not in skip:
+                text = lines[(split, lang)] if lines and (split, lang) in lines else "ein Satz .\nnoch einer .\n"
+                (directory / f"{split}.{lang}").write_text(text, encoding="utf-8")
+    return directory
+
+
+@pytest.mark.parametrize("case", ["missing_file", "line_mismatch", "empty_corpus"])
+def test_recipe_rejects_bad_corpus_before_long_work(tmp_path, case):
+    if case == "missing_file":
+        raw = _write_corpus(tmp_path / "raw", skip={("test", "en")})
+        expected = str(tmp_path / "raw" / "test.en")
+    elif case == "line_mismatch":
+        raw = _write_corpus(tmp_path / "raw", lines={("valid", "en"): "one line only\n"})
+        expected = "valid.de has 2 lines but"
+    else:
+        raw = _write_corpus(tmp_path / "raw", lines={(s, l): "" for s in ("train", "valid", "test") for l in ("de", "en")})
+        expected = "empty"
+    work = tmp_path / "work"
+    proc = run([sys.executable, RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work], check=False, timeout=120)
+    assert proc.returncode == 2
+    assert expected in proc.stderr and "Traceback" not in proc.stderr
+    assert not (work / "tok").exists() and not (work / "data-bin").exists()
+
+
+def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
+    proc = run([sys.executable, RECIPE, "wmt16", "--src", "fr", "--tgt", "en", "--work-dir", tmp_path / "w"],
+               check=False, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown language pair fr-en" in proc.stderr and "--src ro --tgt en" in proc.stderr
+    assert not (tmp_path / "w").exists()
+    proc = run([sys.executable, RECIPE, "iwslt14"], check=False, timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'iwslt14'" in proc.stderr
+
+
+def test_recipe_reports_missing_smoke_data(tmp_path):
+    proc = run([sys.executable, RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere",
+                "--work-dir", tmp_path / "w"], check=False, timeout=60)
+    assert proc.returncode == 2 and "smoke data" in proc.stderr and "nowhere" in proc.stderr
+
+
+def test_average_checkpoints_is_the_mean_of_the_parameters(tmp_path):
+    """Against the mean computed here; the last checkpoint's other fields are kept."""
+    generator = torch.Generator().manual_seed(0)
+    paths, params = [], []
+    for i in range(3):
+        model = {"w": torch.randn(4, 3, generator=generator), "b": torch.randn(3, generator=generator),
+                 "steps": torch.tensor(i)}
+        state = {"model": model, "optimizer_history": [{"num_updates": 10 * (i + 1)}], "cfg": {"i": i}}
+        path = tmp_path / f"checkpoint{i + 1}.pt"
+        torch.save(state, path)
+        paths.append(path)
+        params.append(model)
+    out = tmp_path / "avg.pt"
+    pipeline.average_checkpoints(paths, out)
+    averaged = torch.load(out, weights_only=False)
+    for key in ("w", "b"):
+        torch.testing.assert_close(averaged["model"][key], torch.stack([p[key] for p in params]).mean(0))
+    assert averaged["model"]["steps"].item() == 2 and averaged["cfg"] == {"i": 2}
+
+
+def test_last_checkpoints_include_the_final_state_after_the_last_epoch_checkpoint(tmp_path):
+    """fairseq stops at --max-update mid-epoch: that state is only in checkpoint_last.pt."""
+    for name, updates in (("checkpoint1.pt", 77), ("checkpoint2.pt", 154), ("checkpoint3.pt", 231),
+                          ("checkpoint_last.pt", 260)):
+        torch.save({"model": {}, "optimizer_history": [{"num_updates": updates}]}, tmp_path / name)
+    assert [p.name for p in pipeline.last_checkpoints(tmp_path, 3)] == ["checkpoint2.pt", "checkpoint3.pt",
+                                                                         "checkpoint_last.pt"]
+    torch.save({"model": {}, "optimizer_history": [{"num_updates": 231}]}, tmp_path / "checkpoint_last.pt")
+    assert [p.name for p in pipeline.last_checkpoints(tmp_path, 3)] == ["checkpoint1.pt", "checkpoint2.pt",
+                                                                         "checkpoint3.pt"]
+
+
+def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
+    path = tmp_path / "text"
+    path.write_text("eins\u2028zwei\nline two\r\n", encoding="utf-8")
+    assert pipeline.read_lines(path) == ["eins\u2028zwei", "line two "]
+    assert pipeline.count_lines(path) == 2
+
+
+def _tar_gz(path, files):
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode("utf-8")
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_kftt_prepare_reads_the_official_archive_layout(tmp_path):
+    """The offline path of the full recipe: an archive already in WORK/downloads is not
+    downloaded again, and its data/orig files become line-aligned plain text."""
+    sys.path.insert(0, str(REPO / "examples" / "translation"))
+    import tasks
+
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    files = {}
+    for split in ("train", "dev", "test"):
+        files[f"kftt-data-1.0/data/orig/kyoto-{split}.ja"] = f"{split}の文。\n二行目\u2028です。\n"
+        files[f"kftt-data-1.0/data/orig/kyoto-{split}.en"] = f"A {split} sentence.\nLine two.\n"
+        files[f"kftt-data-1.0/data/tok/kyoto-{split}.en"] = "a tokenized decoy .\n"
+    _tar_gz(downloads / "kftt-data-1.0.tar.gz", files)
+    url, name = tasks.TASKS["kftt"].downloads[0]
+    assert tasks.download(url, downloads / name) == downloads / name  # present: no network needed
+    out = tmp_path / "raw"
+    tasks.TASKS["kftt"].prepare(downloads, out, "ja", "en")
+    assert pipeline.read_lines(out / "valid.en") == ["A dev sentence.", "Line two."]
+    assert pipeline.read_lines(out / "train.ja") == ["trainの文。", "二行目\u2028です。"]
+    counts = pipeline.check_parallel_corpus({s: (out / f"{s}.ja", out / f"{s}.en") for s in ("train", "valid", "test")})
+    assert counts == {"train": 2, "valid": 2, "test": 2}
+
+
+def test_iwslt17_prepare_drops_talk_metadata_lines(tmp_path):
+    sys.path.insert(0, str(REPO / "examples" / "translation"))
+    import tasks
+
+    archive = tmp_path / "de-en.tgz"
+    _tar_gz(archive, {
+        "de-en/train.tags.de-en.de": "<url>http://x</url>\n<talkid>1</talkid>\nHallo Welt.\n<title>T</title>\nZwei.\n",
+        "de-en/train.tags.de-en.en": "<url>http://x</url>\n<talkid>1</talkid>\nHello world.\n<title>T</title>\nTwo.\n",
+    })
+    assert tasks.iwslt_training_lines(archive, "de") == ["Hallo Welt.", "Zwei."]
+    assert tasks.iwslt_training_lines(archive, "en") == ["Hello world.", "Two."]
