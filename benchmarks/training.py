@@ -1,0 +1,178 @@
+"""Training and generation speed of sparse attention against softmax, side by side, through
+the real fairseq commands.
+
+For each setting (model size and sentence length), every model is trained for the same
+number of updates on the same data with fairseq-train, then translates the same sentences
+with fairseq-generate (beam 5) forced to a fixed output length, so every model does the same
+work. Runs are interleaved over rounds (model A, B, C, D, A, B, ...) and the median is kept,
+which makes the ratios robust to a machine whose load changes during the run.
+
+Reported per model: training target words/s (fairseq's wps, first log interval dropped as
+warm-up), peak resident memory of the training process, generation sentences/s, and the
+ratios of each to the softmax baseline (fairseq's own `transformer` architecture).
+
+    python benchmarks/training.py                     # CPU, both settings
+    python benchmarks/training.py --device cuda       # on a GPU
+    python benchmarks/training.py --settings long-small --rounds 1 --updates 10   # quick look
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import fairseq_entmax
+
+USER_DIR = str(Path(fairseq_entmax.__file__).resolve().parent)
+BIN = Path(sys.executable).parent
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
+
+# name -> extra fairseq-train arguments; the first entry is the baseline of every ratio.
+MODELS = {
+    "softmax (fairseq transformer)": ["--arch", "{base_arch}"],
+    "1.5-entmax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "entmax15"],
+    "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
+    "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
+}
+
+# A setting: architecture, size overrides, how many corpus lines are joined into one sentence
+# (to make sentences long, where attention weighs most), tokens per batch, generated length.
+SETTINGS = {
+    "paper-size": dict(
+        base_arch="transformer", size=[], join_lines=1, max_tokens=4096, gen_len=30,
+        about="Transformer base as in the paper (6+6 layers, d=512, 8 heads), TED sentences",
+    ),
+    "long-small": dict(
+        base_arch="transformer",
+        size=["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
+              "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
+              "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "8",
+              "--decoder-attention-heads", "8"],
+        join_lines=8, max_tokens=8192, gen_len=100,
+        about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
+    ),
+}
+
+
+def run(args, log):
+    """Run a fairseq command; return (stdout+stderr, peak RSS in MiB of that process)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    text = Path(log).read_text()
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"command failed: {' '.join(map(str, args))}\n{text[-3000:]}")
+    return text, usage.ru_maxrss / 1024
+
+
+def make_data(data_dir, work, join_lines, n_lines, n_gen):
+    """Binarize n_lines of the corpus (joined join_lines at a time) for training, n_gen for generation."""
+    raw = work / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for lang in ("de", "en"):
+        lines = (data_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[: n_lines + n_gen * join_lines]
+        joined = [" ".join(lines[i:i + join_lines]) for i in range(0, len(lines), join_lines)]
+        (raw / f"train.{lang}").write_text("\n".join(joined[: -n_gen]) + "\n", encoding="utf-8")
+        (raw / f"test.{lang}").write_text("\n".join(joined[-n_gen:]) + "\n", encoding="utf-8")
+    run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+         "--trainpref", raw / "train", "--testpref", raw / "test", "--destdir", work / "bin",
+         "--joined-dictionary", "--nwordssrc", "8000", "--workers", "2"], work / "preprocess.log")
+    return work / "bin"
+
+
+def train(data_bin, save_dir, model_args, setting, device_args, updates):
+    log_path = save_dir.parent / f"{save_dir.name}.train.log"
+    text, peak_mib = run(
+        [BIN / "fairseq-train", data_bin, "--user-dir", USER_DIR, *model_args, *setting["size"],
+         "--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
+         "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+         "--max-tokens", str(setting["max_tokens"]), "--max-update", str(updates),
+         "--max-source-positions", "2048", "--max-target-positions", "2048",
+         "--disable-validation", "--save-dir", save_dir, "--no-epoch-checkpoints",
+         "--save-interval-updates", str(updates), "--seed", "1",
+         "--log-format", "json", "--log-interval", "5", *device_args],
+        log_path,
+    )
+    inner = [json.loads(line[line.index("{"):]) for line in text.splitlines() if "train_inner" in line and "{" in line]
+    if len(inner) < 2:
+        sys.exit(f"too few log intervals in {log_path}: raise --updates")
+    return statistics.mean(float(s["wps"]) for s in inner[1:]), peak_mib
+
+
+def generate(data_bin, save_dir, setting, device_args):
+    n = setting["gen_len"]
+    text, _ = run(
+        [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt",
+         "--gen-subset", "test", "--beam", "5", "--batch-size", "16",
+         "--min-len", str(n), "--max-len-a", "0", "--max-len-b", str(n), *device_args],
+        save_dir.parent / f"{save_dir.name}.generate.log",
+    )
+    match = re.search(r"Translated .* \(([\d.]+) sentences/s", text)
+    return float(match.group(1))
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+        cpu = names[0] if names else cpu
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--updates", type=int, default=30, help="training updates per run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; the median is kept")
+    parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
+    parser.add_argument("--gen-sentences", type=int, default=24)
+    parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
+    args = parser.parse_args()
+    if not (args.data / "train.de").exists():
+        sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
+    device_args = ["--cpu"] if args.device == "cpu" else []
+    if args.device == "cpu":
+        device_args += ["--num-workers", "0"]
+
+    work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
+    print(f"machine: {machine()}; device: {args.device}; work dir: {work_root}", flush=True)
+    for name in args.settings:
+        setting = SETTINGS[name]
+        work = work_root / name
+        data_bin = make_data(args.data, work, setting["join_lines"], args.lines, args.gen_sentences)
+        results = {model: {"wps": [], "rss": [], "sps": []} for model in MODELS}
+        for round_ in range(args.rounds):
+            for model, model_args in MODELS.items():
+                save_dir = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
+                t0 = time.time()
+                wps, rss = train(data_bin, save_dir, [a.format(**setting) for a in model_args], setting, device_args, args.updates)
+                sps = generate(data_bin, save_dir, setting, device_args)
+                for key, value in (("wps", wps), ("rss", rss), ("sps", sps)):
+                    results[model][key].append(value)
+                print(f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
+                      f"peak {rss:.0f} MiB, {sps:.2f} sentences/s ({time.time() - t0:.0f}s)", flush=True)
+        median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
+        base = median[next(iter(MODELS))]
+        print(f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
+              f"generation beam 5 to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds\n")
+        print("| model | train words/s | ratio | peak RSS MiB | ratio | generate sent/s | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for model, m in median.items():
+            print(f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['rss']:.0f} | "
+                  f"{m['rss'] / base['rss']:.2f} | {m['sps']:.2f} | {m['sps'] / base['sps']:.2f} |")
+        print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
