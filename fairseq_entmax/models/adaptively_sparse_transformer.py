@@ -8,6 +8,8 @@ Any normalizer can be chosen for all attention or per attention type with the op
 import argparse
 import math
 
+import torch
+
 from fairseq.distributed import fsdp_wrap
 from fairseq.logging import metrics
 from fairseq.models import register_model, register_model_architecture
@@ -265,18 +267,25 @@ class AdaptivelySparseTransformerModel(TransformerModel):
         self.log_learned_alphas()
 
     def log_learned_alphas(self):
-        """Log alpha_<type>_{mean,min,max} (and per head with TensorBoard) to the active
-        fairseq metrics aggregators: the training log lines and JSON/TensorBoard records.
-        fairseq calls set_num_updates before each training step, inside those aggregators."""
-        for attention_type, per_layer in self.head_alphas().items():
-            values = [layer_alphas.float().cpu() for _, layer_alphas in per_layer]
-            flat = [v for layer_alphas in values for v in layer_alphas.tolist()]
+        """Log alpha_<type>_{mean,min,max} (and alpha_<type>_L<layer>_H<head> with
+        TensorBoard) to the active fairseq metrics aggregators: the training log lines and
+        their JSON/TensorBoard records. fairseq calls set_num_updates before each training
+        step, inside those aggregators, so a record shows the alphas the step started from."""
+        per_type = self.head_alphas()
+        if not per_type:
+            return
+        # One device-to-host copy for all heads of all attention.
+        everything = torch.cat([alphas for layers in per_type.values() for _, alphas in layers])
+        values = iter(everything.float().cpu().tolist())
+        for attention_type, layers in per_type.items():
+            per_layer = [(layer, [next(values) for _ in alphas]) for layer, alphas in layers]
+            flat = [value for _, layer_values in per_layer for value in layer_values]
             metrics.log_scalar(f"alpha_{attention_type}_mean", sum(flat) / len(flat), weight=0, round=4)
             metrics.log_scalar(f"alpha_{attention_type}_min", min(flat), weight=0, round=4)
             metrics.log_scalar(f"alpha_{attention_type}_max", max(flat), weight=0, round=4)
             if self.log_alpha_per_head:
-                for (layer, _), layer_alphas in zip(per_layer, values):
-                    for head, value in enumerate(layer_alphas.tolist()):
+                for layer, layer_values in per_layer:
+                    for head, value in enumerate(layer_values):
                         metrics.log_scalar(
                             f"alpha_{attention_type}_L{layer}_H{head}", value, weight=0,
                             round=4, priority=1000,
