@@ -1,14 +1,17 @@
 """The plugin through fairseq's own commands, as a user runs them: fairseq-train for every
 normalizer, fairseq-generate (beam 4, BLEU, --print-alignment), fairseq-interactive,
 fairseq-validate, resuming a killed training, TensorBoard logging of every head's alpha."""
+import argparse
 import json
 import math
 import re
 import subprocess
 import sys
 
+import numpy
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
@@ -25,6 +28,18 @@ def json_records(log, tag):
         if start >= 0 and f"| {tag} |" in line:
             records.append(json.loads(line[start:]))
     return records
+
+
+def _leaves(value):
+    """Every non-container value inside nested dicts, lists and tuples."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _leaves(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def bleu_unigram_precision(output):
@@ -177,7 +192,16 @@ def test_tensorboard_gets_every_heads_alpha(tiny_data, tmp_path):
         *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", tmp_path / "checkpoints",
         "--max-update", "4", "--log-interval", "1", "--tensorboard-logdir", logdir,
         "--alpha-init", "1.5",
+        # Also: validation BLEU puts numpy arrays into the checkpoint's metrics state.
+        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_b": 10}',
     ])
+    # The allowlist fairseq_entmax installs covers what this checkpoint holds, with
+    # weights_only on.
+    checkpoint = tmp_path / "checkpoints" / "checkpoint_last.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert isinstance(state["cfg"]["model"], argparse.Namespace)
+    assert any(isinstance(v, numpy.ndarray) for v in _leaves(state["extra_state"]["metrics"]))
+    assert checkpoint_utils.load_checkpoint_to_cpu(str(checkpoint))["model"].keys() == state["model"].keys()
     events = EventAccumulator(str(logdir / "train_inner"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
