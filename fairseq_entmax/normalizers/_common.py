@@ -1,9 +1,20 @@
-"""Shared input handling for the normalizers: validation, dtype, masked rows."""
+"""Shared machinery of the normalizers: input checks, dtypes, and row-chunked evaluation.
+
+Every map works row by row along one dim. The scores are viewed as a (rows, d) matrix and
+processed a block of rows at a time: the temporaries of a block stay in the CPU cache and
+are reused from block to block, so the only full-size tensors a call allocates are its
+result (and, for backward, the gradient). The iterative threshold searches make several
+passes over each block, which is cheap in cache and expensive over the whole tensor.
+"""
 import torch
 
-# Half-precision inputs are normalised in float32 (exponents, powers and cumulative sums
-# lose too much in 16 bits) and the result is cast back to the input dtype.
+# Half-precision inputs are normalised in float32 (powers and sums lose too much in 16
+# bits) and the result is cast back to the input dtype.
 _UPCAST = (torch.float16, torch.bfloat16)
+
+# Elements per block of rows: 2**16 float32 = 256 KiB per temporary, a few of which fit in
+# a core's L2 cache next to the block's scores and result.
+BLOCK_ELEMENTS = 1 << 16
 
 
 def check_scores(scores, dim, name):
@@ -17,10 +28,10 @@ def check_scores(scores, dim, name):
         )
     if scores.dim() == 0:
         raise ValueError(f"{name}: scores must have at least one dimension, got a scalar")
-    if not -scores.dim() <= dim < scores.dim():
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -scores.dim() <= dim < scores.dim():
         raise ValueError(
-            f"{name}: dim={dim} is out of range for scores of shape {tuple(scores.shape)} "
-            f"(allowed: {-scores.dim()} to {scores.dim() - 1})"
+            f"{name}: dim={dim!r} is not a dim of scores of shape {tuple(scores.shape)} "
+            f"(allowed: an int from {-scores.dim()} to {scores.dim() - 1})"
         )
 
 
@@ -29,16 +40,123 @@ def compute_dtype(dtype):
     return torch.float32 if dtype in _UPCAST else dtype
 
 
-def shift_by_row_max(x):
-    """Subtract each row's maximum along the last dim (so the maximum becomes 0).
+def as_rows(tensor, dim):
+    """`tensor` with `dim` moved last, as a (rows, d) matrix (a view when possible)."""
+    moved = tensor.movedim(dim, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape
 
-    Returns (shifted, valid) where `valid` (keepdim, bool) is False for rows that are
-    entirely -inf (fully masked): they are replaced by rows of zeros so that no NaN
-    appears, and the caller gives such rows zero weight.
+
+def from_rows(rows, moved_shape, dim):
+    """Inverse of as_rows: the (rows, d) matrix back in the layout of the original tensor."""
+    return rows.view(moved_shape).movedim(-1, dim)
+
+
+def row_blocks(num_rows, d):
+    """(start, stop) of consecutive blocks of about BLOCK_ELEMENTS elements."""
+    step = max(1, BLOCK_ELEMENTS // max(d, 1))
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+
+def shift_rows(x, z):
+    """Write x minus its row maximum into z (so each row's maximum is 0).
+
+    Rows that are entirely -inf (fully masked) are written as zeros, so that no NaN
+    appears; returns the (rows, 1) bool mask of the other rows, or None when all rows are
+    valid. The caller gives invalid rows zero weight.
     """
-    row_max = x.amax(dim=-1, keepdim=True)
+    row_max = x.amax(dim=-1, keepdim=True).to(z.dtype)
     valid = row_max > float("-inf")
-    shifted = x - row_max
-    if not bool(valid.all()):
-        shifted.masked_fill_(~valid, 0.0)
-    return shifted, valid
+    all_valid = bool(valid.all())
+    if not all_valid:
+        row_max.masked_fill_(~valid, 0.0)
+    if x.dtype == z.dtype:
+        torch.sub(x, row_max, out=z)
+    else:
+        z.copy_(x).sub_(row_max)
+    if all_valid:
+        return None
+    z.masked_fill_(~valid, 0.0)
+    return valid
+
+
+def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
+    """Apply `kernel(x_block, out_block, *param_blocks, *scratch)` to blocks of rows.
+
+    x_block is a (m, d) block of the scores in their own dtype; out_block (m, d) in the
+    compute dtype receives the result; row_params are (rows, 1) tensors given blockwise;
+    scratch are (m, d) buffers of the compute dtype, reused across blocks. Returns the
+    result with the shape, layout convention and dtype of `scores`.
+    """
+    x, moved_shape = as_rows(scores, dim)
+    num_rows, d = x.shape
+    work_dtype = compute_dtype(x.dtype)
+    out = torch.empty((num_rows, d), dtype=x.dtype, device=x.device)
+    blocks = row_blocks(num_rows, d)
+    block_rows = blocks[0][1] - blocks[0][0]
+    cast = work_dtype != x.dtype
+    scratch = [
+        torch.empty((block_rows, d), dtype=work_dtype, device=x.device)
+        for _ in range(num_scratch + cast)
+    ]
+    for start, stop in blocks:
+        buffers = [buffer[: stop - start] for buffer in scratch]
+        out_block = buffers.pop() if cast else out[start:stop]
+        kernel(x[start:stop], out_block, *(p[start:stop] for p in row_params), *buffers)
+        if cast:
+            out[start:stop].copy_(out_block)
+    return from_rows(out, moved_shape, dim)
+
+
+def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_result=False):
+    """Blockwise VJP: `kernel(p_block, g_block, grad_block, *param_blocks, *scratch)`.
+
+    p_block and g_block come in the compute dtype; grad_block receives the gradient of the
+    scores. With row_result, the kernel returns a (m, 1) tensor per block (a gradient per
+    row, e.g. for alpha) and this returns (grad_scores, row_values shaped like scores with
+    size 1 along dim); otherwise grad_scores.
+    """
+    p, moved_shape = as_rows(out, dim)
+    g, _ = as_rows(grad, dim)
+    num_rows, d = p.shape
+    work_dtype = compute_dtype(p.dtype)
+    grad_scores = torch.empty((num_rows, d), dtype=p.dtype, device=p.device)
+    blocks = row_blocks(num_rows, d)
+    block_rows = blocks[0][1] - blocks[0][0]
+    cast = work_dtype != p.dtype
+    scratch = [
+        torch.empty((block_rows, d), dtype=work_dtype, device=p.device)
+        for _ in range(num_scratch + cast)
+    ]
+    row_values = []
+    for start, stop in blocks:
+        buffers = [buffer[: stop - start] for buffer in scratch]
+        grad_block = buffers.pop() if cast else grad_scores[start:stop]
+        result = kernel(
+            p[start:stop].to(work_dtype),
+            g[start:stop].to(work_dtype),
+            grad_block,
+            *(param[start:stop] for param in row_params),
+            *buffers,
+        )
+        if cast:
+            grad_scores[start:stop].copy_(grad_block)
+        if row_result:
+            row_values.append(result)
+    grad_scores = from_rows(grad_scores, moved_shape, dim)
+    if not row_result:
+        return grad_scores
+    row_shape = tuple(moved_shape[:-1]) + (1,)
+    return grad_scores, torch.cat(row_values).view(row_shape).movedim(-1, dim)
+
+
+def sparse_map_backward(g, s, grad_out):
+    """VJP of a map whose Jacobian is diag(s) - s s^T / sum(s), written into grad_out.
+
+    Used by sparsemax and entmax (s = p^(2 - alpha) on the support, 0 off it): masked and
+    zero-weight entries get gradient exactly 0, and so do rows with sum(s) = 0 (fully
+    masked). Returns sum(s * g) / sum(s), which the alpha gradient reuses.
+    """
+    torch.mul(s, g, out=grad_out)
+    skewed_mean = grad_out.sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True).clamp_min_(1e-30)
+    grad_out.addcmul_(s, skewed_mean, value=-1.0)
+    return skewed_mean

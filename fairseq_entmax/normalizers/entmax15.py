@@ -1,48 +1,84 @@
 """1.5-entmax (Peters, Niculae, Martins 2019): p_i = [z_i / 2 - tau]_+^2, sum_i p_i = 1."""
 import torch
 
-from fairseq_entmax.normalizers._common import check_scores, compute_dtype, shift_by_row_max
-from fairseq_entmax.normalizers.sparsemax import sparse_map_backward
+from fairseq_entmax.normalizers._common import (
+    check_scores,
+    map_rows,
+    map_rows_backward,
+    shift_rows,
+    sparse_map_backward,
+)
+
+# Safety bound on the passes of the threshold search; attention rows need 4 to 8.
+_MAX_PASSES = 64
 
 
-def entmax15_threshold(z):
-    """Exact tau with sum_i [z_i - tau]_+^2 = 1 along the last dim (rows of z have max 0).
+def _support_stats(z, tau, r):
+    """For r = [z - tau]_+ (written into r): sum r, sum r^2 and the support size, per row."""
+    torch.sub(z, tau, out=r).clamp_min_(0.0)
+    s1 = r.sum(dim=-1, keepdim=True)
+    s2 = torch.linalg.vector_norm(r, dim=-1, keepdim=True).square_()
+    count = (r > 0).sum(dim=-1, keepdim=True)
+    return s1, s2, count
 
-    Sort-based: for the k largest entries, tau_k = mean_k - sqrt((1 - k * var_k) / k); the
-    support is the largest k with tau_k < z_(k).
+
+def entmax15_rows(x, out, r):
+    """1.5-entmax of each row of the block x into out; r is a scratch block.
+
+    The threshold tau solves f(tau) = sum [z - tau]_+^2 = 1 (z = x / 2, row max 0). It is
+    found exactly without sorting. From a point tau below the root (f >= 1), two candidates:
+    - the exact root of sum_{S} (z - t)^2 = 1 for the current support S = {z > tau}: it is
+      the answer when S is the true support, but may pass the root otherwise;
+    - a Newton step on the norm F(tau) = ||[z - tau]_+||_2, which is convex and decreasing,
+      so the step never passes the root, and nearly linear, so it gets close fast.
+    The larger one is evaluated; if it is the exact candidate and its support is still S,
+    S is the true support and the candidate is the exact threshold. If it passed the root
+    (f < 1), the next pass takes the Newton step instead.
     """
-    d = z.shape[-1]
-    z_sorted = torch.sort(z, dim=-1, descending=True).values
-    k = torch.arange(1, d + 1, dtype=z.dtype, device=z.device)
-    mean = z_sorted.cumsum(dim=-1).div_(k)
-    mean_sq = z_sorted.square().cumsum(dim=-1).div_(k)
-    # (1 - k * var_k) / k; negative when the k entries alone already have too much mass.
-    delta = (1.0 / k) - (mean_sq - mean.square())
-    tau_k = mean - delta.clamp_min_(0.0).sqrt_()
-    support_size = (tau_k < z_sorted).sum(dim=-1, keepdim=True)
-    return tau_k.gather(-1, support_size - 1)
+    valid = shift_rows(x, out)
+    # tau >= max / 2 - 1 = -1, so entries with z / 2 < -1 never enter the support: clamping
+    # them to -2 removes -inf and huge magnitudes (1e30) without changing the result.
+    z = out.mul_(0.5).clamp_min_(-2.0)
+    tau = z.new_full((z.shape[0], 1), -1.0)
+    s1, s2, count = _support_stats(z, tau, r)
+    newton_only = torch.zeros_like(count, dtype=torch.bool)
+    tolerance = 4 * torch.finfo(z.dtype).eps
+    for _ in range(_MAX_PASSES):
+        discriminant = s1.square() - count * (s2 - 1.0)
+        exact = tau + (s1 - discriminant.clamp_min(0.0).sqrt()) / count
+        newton = tau + (s2 - s2.sqrt()) / s1
+        use_exact = (discriminant >= 0) & (exact >= newton) & ~newton_only
+        candidate = torch.where(use_exact, exact, newton)
+        c1, c2, c_count = _support_stats(z, candidate, r)
+        found = use_exact & (c_count == count)
+        # Rounding can keep a converged row from verifying; a step below the tolerance
+        # ends it too.
+        settled = found | ((candidate - tau).abs() <= tolerance)
+        if bool(settled.all()):
+            tau = candidate
+            break
+        moved = found | (c2 >= 1.0)  # the candidate is still at or below the root
+        tau = torch.where(moved, candidate, tau)
+        s1 = torch.where(moved, c1, s1)
+        s2 = torch.where(moved, c2, s2)
+        count = torch.where(moved, c_count, count)
+        newton_only = ~moved
+    z.sub_(tau).clamp_min_(0.0).square_()
+    if valid is not None:
+        out.masked_fill_(~valid, 0.0)
 
 
-def entmax15_forward(x):
-    """1.5-entmax along the last dim of x (any float dtype, computed in that dtype)."""
-    z, valid = shift_by_row_max(x)
-    # p_i = [z_i / 2 - tau]^2 with tau >= max / 2 - 1 = -1: entries with z_i / 2 < -1 never
-    # enter the support, so clamping at -2 removes -inf and 1e30 without changing p.
-    z = z.mul_(0.5).clamp_min_(-2.0)
-    tau = entmax15_threshold(z)
-    p = z.sub_(tau).clamp_min_(0.0).square_()
-    return p.mul_(valid)
+def entmax15_rows_backward(p, g, grad_out, s):
+    """Jacobian diag(s) - s s^T / sum(s) with s = p^(2 - alpha) = sqrt(p)."""
+    torch.sqrt(p, out=s)
+    sparse_map_backward(g, s, grad_out)
 
 
 class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, dim):
-        x = scores.movedim(dim, -1)
         ctx.dim = dim
-        if x.numel() == 0:
-            out = scores.clone()
-        else:
-            out = entmax15_forward(x.to(compute_dtype(x.dtype))).to(x.dtype).movedim(-1, dim)
+        out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, entmax15_rows)
         ctx.save_for_backward(out)
         return out
 
@@ -51,12 +87,7 @@ class Entmax15Function(torch.autograd.Function):
         (out,) = ctx.saved_tensors
         if out.numel() == 0:
             return torch.zeros_like(out), None
-        p = out.movedim(ctx.dim, -1)
-        work_dtype = compute_dtype(p.dtype)
-        # Jacobian diag(s) - s s^T / sum(s) with s = p^(2 - alpha) = sqrt(p).
-        s = p.to(work_dtype).sqrt()
-        g = grad.movedim(ctx.dim, -1).to(work_dtype)
-        return sparse_map_backward(g, s).to(out.dtype).movedim(-1, ctx.dim), None
+        return map_rows_backward(out, grad, ctx.dim, entmax15_rows_backward), None
 
 
 def entmax15(scores, dim=-1):

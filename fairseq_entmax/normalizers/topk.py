@@ -3,34 +3,40 @@ import numbers
 
 import torch
 
-from fairseq_entmax.normalizers._common import check_scores, compute_dtype
-from fairseq_entmax.normalizers.softmax import softmax_backward, softmax_forward
+from fairseq_entmax.normalizers._common import check_scores, map_rows, shift_rows
+from fairseq_entmax.normalizers.softmax import SoftmaxFunction
 
 
-def topk_softmax_forward(x, k, dim):
-    """Softmax over the entries >= the k-th largest of each row (ties kept), 0 elsewhere."""
-    if k < x.shape[dim]:
-        kth_largest = torch.topk(x, k, dim=dim, sorted=False).values.amin(dim=dim, keepdim=True)
-        x = x.masked_fill(x < kth_largest, float("-inf"))
-    return softmax_forward(x, dim)
+def topk_softmax_rows(x, out, k):
+    """Softmax over the entries >= the k-th largest of each row of x (ties kept), 0 elsewhere."""
+    valid = shift_rows(x, out)
+    if k < x.shape[1]:
+        kth_largest = torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+        dropped = x < kth_largest
+    out.exp_()
+    if k < x.shape[1]:
+        out.masked_fill_(dropped, 0.0)
+    out.div_(out.sum(dim=-1, keepdim=True))
+    if valid is not None:
+        out.masked_fill_(~valid, 0.0)
 
 
 class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, k, dim):
-        p = topk_softmax_forward(scores.to(compute_dtype(scores.dtype)), k, dim)
-        out = p.to(scores.dtype)
         ctx.dim = dim
+        if scores.numel() == 0:
+            out = scores.clone()
+        else:
+            out = map_rows(scores, dim, lambda x, out_block: topk_softmax_rows(x, out_block, k), num_scratch=0)
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         # Dropped entries have p = 0, so the softmax VJP gives them gradient 0.
-        (out,) = ctx.saved_tensors
-        p = out.to(compute_dtype(out.dtype))
-        grad_scores = softmax_backward(grad.to(p.dtype), p, ctx.dim)
-        return grad_scores.to(out.dtype), None, None
+        grad_scores, _ = SoftmaxFunction.backward(ctx, grad)
+        return grad_scores, None, None
 
 
 def topk_softmax(scores, k, dim=-1):
