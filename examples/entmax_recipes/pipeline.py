@@ -447,7 +447,10 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
             "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
-            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir]
+            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir,
+            # fairseq's batch_by_size drops the last batch when its size is not a multiple of
+            # this (8 by default): without it some test sentences are silently not translated.
+            "--required-batch-size-multiple", 1]
     if max_len:
         args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
     if use_cpu():
@@ -458,6 +461,9 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
         if line.startswith("H-"):
             key, _score, *text = line.split("\t")
             hypotheses[int(key[2:])] = text[0] if text else ""
+    missing = sorted(set(range(max(hypotheses, default=-1) + 1)) - set(hypotheses))
+    if missing:
+        raise RuntimeError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
     ordered = [hypotheses[i] for i in range(len(hypotheses))]
     hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
     return ordered

@@ -77,7 +77,7 @@ def run(args):
     if args.bpe_merges:
         size["bpe_merges"] = args.bpe_merges
     own_corpus = args.data is not None
-    work = args.work_dir or Path("runs") / ("quickstart-" + args.data.resolve().name if own_corpus else "quickstart")
+    work = args.work_dir or EXAMPLES.parent / "runs" / ("quickstart-" + args.data.resolve().name if own_corpus else "quickstart")
     work = work.resolve()
     started = time.time()
 
