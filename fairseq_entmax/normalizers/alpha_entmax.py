@@ -69,7 +69,8 @@ def alpha_entmax_rows(x, out, am1, r, q):
         lo = torch.where(below, tau, lo)
         hi = torch.where(below, hi, tau)
         new_tau = tau + step
-        outside = (new_tau <= lo) | (new_tau >= hi) | torch.isnan(new_tau)
+        # (a converged row's step is 0: new_tau == lo is inside)
+        outside = (new_tau < lo) | (new_tau > hi) | torch.isnan(new_tau)
         tau = torch.where(outside, (lo + hi) / 2, new_tau)
     # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
     # order step^2 instead of step (and costs no further power); then renormalise.

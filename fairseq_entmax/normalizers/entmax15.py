@@ -33,7 +33,8 @@ def entmax15_rows(x, out, r):
       so the step never passes the root, and nearly linear, so it gets close fast.
     The larger one is evaluated; if it is the exact candidate and its support is still S,
     S is the true support and the candidate is the exact threshold. If it passed the root
-    (f < 1), the next pass takes the Newton step instead.
+    (f < 1), the next pass takes the Newton step instead. A row is also done when f at the
+    candidate is 1 up to rounding.
     """
     valid = shift_rows(x, out)
     # tau >= max / 2 - 1 = -1, so entries with z / 2 < -1 never enter the support: clamping
@@ -42,23 +43,22 @@ def entmax15_rows(x, out, r):
     tau = z.new_full((z.shape[0], 1), -1.0)
     s1, s2, count = _support_stats(z, tau, r)
     newton_only = torch.zeros_like(count, dtype=torch.bool)
-    tolerance = 4 * torch.finfo(z.dtype).eps
+    done = torch.zeros_like(count, dtype=torch.bool)
+    mass_tolerance = 4 * torch.finfo(z.dtype).eps
     for _ in range(_MAX_PASSES):
         discriminant = s1.square() - count * (s2 - 1.0)
         exact = tau + (s1 - discriminant.clamp_min(0.0).sqrt()) / count
         newton = tau + (s2 - s2.sqrt()) / s1
         use_exact = (discriminant >= 0) & (exact >= newton) & ~newton_only
-        candidate = torch.where(use_exact, exact, newton)
+        candidate = torch.where(done, tau, torch.where(use_exact, exact, newton))
         c1, c2, c_count = _support_stats(z, candidate, r)
-        found = use_exact & (c_count == count)
-        # Rounding can keep a converged row from verifying; a step below the tolerance
-        # ends it too.
-        settled = found | ((candidate - tau).abs() <= tolerance)
-        if bool(settled.all()):
-            tau = candidate
-            break
-        moved = found | (c2 >= 1.0)  # the candidate is still at or below the root
+        # Done: the exact candidate kept its support (so it is the root), or the mass at
+        # the candidate is 1 up to rounding (which can keep the first test from passing).
+        done = done | (use_exact & (c_count == count)) | ((c2 - 1.0).abs() <= mass_tolerance)
+        moved = done | (c2 >= 1.0)  # the candidate is still at or below the root
         tau = torch.where(moved, candidate, tau)
+        if bool(done.all()):
+            break
         s1 = torch.where(moved, c1, s1)
         s2 = torch.where(moved, c2, s2)
         count = torch.where(moved, c_count, count)
