@@ -69,8 +69,10 @@ def alpha_entmax_rows(x, out, am1, r, q):
         lo = torch.where(below, tau, lo)
         hi = torch.where(below, hi, tau)
         new_tau = tau + step
-        # (a converged row's step is 0: new_tau == lo is inside)
-        outside = (new_tau < lo) | (new_tau > hi) | torch.isnan(new_tau)
+        # Bisect where a step would leave the bracket (or is NaN), except for rows that
+        # have already converged: their tiny steps may graze the bracket's ends.
+        inside = (new_tau > lo) & (new_tau < hi)
+        outside = ~inside & ~(step.abs() <= tolerance)
         tau = torch.where(outside, (lo + hi) / 2, new_tau)
     # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
     # order step^2 instead of step (and costs no further power); then renormalise.
