@@ -86,10 +86,12 @@ def alpha_entmax_rows(x, out, am1, r, q):
 
 def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s):
     """Gradient of the scores into grad_out; returns d loss / d alpha per row (or None)."""
-    # s = p^(2 - alpha) = exp((1 - am1) log p) on the support, 0 off it.
-    torch.log(p, out=log_p)
-    torch.mul(log_p, 1.0 - am1, out=s).exp_()
-    if bool((am1 >= 1).any()):  # alpha >= 2: exp(0 * -inf) is NaN, exp(+inf) is inf
+    # log p with p clamped to the smallest normal number: finite everywhere (and the log of
+    # 0 is several times slower than that of a positive number).
+    torch.clamp_min(p, torch.finfo(p.dtype).tiny, out=log_p).log_()
+    # s = p^(2 - alpha) = p * exp(-am1 log p): exactly 0 where p = 0 ...
+    torch.mul(log_p, -am1, out=s).exp_().mul_(p)
+    if bool((am1 > 1).any()):  # ... unless alpha > 2, where exp overflows: 0 * inf = NaN
         s.masked_fill_(p == 0, 0.0)
     skewed_mean = sparse_map_backward(g, s, grad_out)  # sum g s / sum s = sum g p~
     if not need_alpha_grad:
@@ -97,8 +99,7 @@ def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s):
     # Proposition 1, with h = -p log p and H = sum h (both 0 off the support):
     # alpha > 1: sum_i g_i [(p_i - p~_i) / am1^2 + (h_i - p~_i H) / am1];
     # alpha = 1: sum_i g_i (h_i log p_i - p_i sum_j h_j log p_j) / 2.
-    log_p.clamp_min_(torch.finfo(p.dtype).min)  # p log p = 0 where p = 0
-    neg_h = torch.mul(p, log_p, out=s)
+    neg_h = torch.mul(p, log_p, out=s)  # p log p, 0 where p = 0 (log_p is finite)
     entropy = -neg_h.sum(dim=-1, keepdim=True)
     g_h = -torch.linalg.vecdot(g, neg_h).unsqueeze(-1)
     g_p = torch.linalg.vecdot(g, p).unsqueeze(-1)

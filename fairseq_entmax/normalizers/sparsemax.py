@@ -30,10 +30,11 @@ def sparsemax_rows(x, out, r):
     count = None
     for _ in range(z.shape[1] + 1):  # the support shrinks at each pass: at most d + 1
         torch.sub(z, tau, out=r).clamp_min_(0.0)
-        new_count = (r > 0).sum(dim=-1, keepdim=True)
+        total = r.sum(dim=-1, keepdim=True)
+        new_count = r.sign_().sum(dim=-1, keepdim=True)  # sign: far cheaper than r > 0
         if count is not None and torch.equal(new_count, count):
             break
-        tau = tau + (r.sum(dim=-1, keepdim=True) - 1.0) / new_count
+        tau = tau + (total - 1.0) / new_count
         count = new_count
     z.sub_(tau).clamp_min_(0.0)
     if valid is not None:
@@ -42,7 +43,7 @@ def sparsemax_rows(x, out, r):
 
 def sparsemax_rows_backward(p, g, grad_out, s):
     """Jacobian diag(s) - s s^T / |support| with s the support indicator."""
-    torch.gt(p, 0, out=s)
+    torch.sign(p, out=s)
     sparse_map_backward(g, s, grad_out)
 
 
