@@ -18,25 +18,25 @@ from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpu
 TinyData = namedtuple("TinyData", "raw_dir data_bin")
 TrainedModel = namedtuple("TrainedModel", "checkpoint data_bin save_dir train_log normalizer")
 
-# 2+2 layers, width 32, 4 heads, 80 updates: trains in seconds and has learned the word
-# mapping of the tiny corpus (not yet the reversal; unigram precision ~20-30%).
+# 2+2 layers, width 32, 4 heads, 200 updates of ~200 tokens: trains in seconds and learns
+# the tiny corpus (unigram precision of beam search ~40-80%, BLEU ~5-30 by normalizer), so its
+# attention has structure. Small batches learn more per second here than large ones.
 TINY_MODEL_ARGS = [
     "--arch", "adaptively_sparse_transformer",
     "--encoder-layers", "2", "--decoder-layers", "2",
     "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-    "--share-all-embeddings", "--dropout", "0.1",
+    "--share-all-embeddings", "--dropout", "0",
 ]
 TRAINING_ARGS = [
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.01",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--max-tokens", "1000", "--cpu", "--seed", "1",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
+    "--lr-scheduler", "fixed", "--criterion", "label_smoothed_cross_entropy",
+    "--max-tokens", "200", "--cpu", "--seed", "1",
     "--log-format", "json", "--log-interval", "10", "--no-progress-bar",
     "--no-epoch-checkpoints", "--validate-interval", "1000", "--save-interval", "1000",
 ]
-TINY_MAX_UPDATE = 80
+TINY_MAX_UPDATE = 200
 # top-k keeps 3 keys: with the corpus' 3-10 token sentences the default k = 8 would rarely
 # drop any key.
 NORMALIZER_ARGS = {"topk": ["--topk", "3"]}
@@ -60,7 +60,7 @@ def tiny_model_args():
 def trained_model(tiny_data, tmp_path_factory):
     """Factory: `trained_model(normalizer)` trains a tiny adaptively_sparse_transformer with
     `--attention-normalizer normalizer` in all attention (one of "softmax", "sparsemax",
-    "entmax15", "alpha_entmax" (learned alpha), "topk" (k = 3)) for 80 updates through
+    "entmax15", "alpha_entmax" (learned alpha), "topk" (k = 3)) for 200 updates through
     fairseq-train --user-dir fairseq_entmax, once per session, and returns
     TrainedModel(checkpoint=path of checkpoint_last.pt, data_bin, save_dir,
     train_log=fairseq-train's output (json log lines), normalizer).

@@ -66,7 +66,7 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     assert len(hypotheses) == 40  # the tiny test set
     # The tiny corpus maps s<i> to t<i> (30 words) and reverses the order: guessing gives a
     # unigram precision of ~3%, the trained word mapping far more.
-    assert bleu_unigram_precision(output) > 10.0
+    assert bleu_unigram_precision(output) > 20.0
 
     # --print-alignment soft: "A-<id>\t" then, per target token, the last layer's cross
     # attention over the (unpadded) source tokens, averaged over heads.
@@ -75,9 +75,9 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     weights = [float(w) for row in rows for token in row.split() for w in token.split(",")]
     assert all(0.0 <= w <= 1.0 for w in weights)
     if normalizer in ("sparsemax", "topk"):
-        assert 0.0 in weights  # exact zeros, as the normalizer gave them
-    if normalizer == "softmax":
-        assert 0.0 not in weights
+        # Zeros, as the normalizer gave them. (fairseq prints 6 decimals, so a peaked
+        # softmax can print 0.000000 too: test_fairseq_attention checks exact zeros.)
+        assert 0.0 in weights
 
 
 def test_learned_alpha_is_in_the_training_log(trained_model):
