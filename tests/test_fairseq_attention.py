@@ -341,3 +341,19 @@ def test_without_fairseq_only_the_normalizers_import():
     for line in lines[1:]:
         assert line.startswith("ImportError fairseq_entmax.mod")
         assert "fairseq-fixed==0.12.3.1" in line and "make setup" in line
+
+
+def test_activation_checkpointing_wraps_the_sparse_layers(tiny_data):
+    """--checkpoint-activations: fairseq's wrapping of each layer is kept, and the wrapped
+    layers still use (and train) the sparse attention."""
+    model, task = build_model(tiny_data.data_bin, [
+        "--arch", "adaptively_sparse_transformer", "--checkpoint-activations", *TINY_SIZES])
+    assert all(hasattr(layer, "precheckpoint_forward") for layer in model.encoder.layers)
+    assert len(list(sparse_attention_modules(model))) == 6
+    sample = test_batch(task, split="train")
+    model.train()
+    logits, _ = model(**sample["net_input"])
+    logits.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    for _, _, attention in sparse_attention_modules(model):
+        assert attention.alpha_logit.grad.abs().sum() > 0
