@@ -1,0 +1,241 @@
+"""Forward+backward time and peak memory of the attention normalizers, side by side.
+
+Compares, on attention-shaped scores (batch * heads, queries, keys):
+  torch.softmax (the baseline), this package's softmax, sparsemax, entmax15, alpha_entmax
+  (alpha learned per head: 8 heads, alpha = 1 + sigmoid(a), a requiring grad) and
+  topk_softmax (k = 8), against the entmax package's sparsemax, entmax15 and entmax_bisect
+  (default n_iter=50, same learned alpha).
+
+Each measurement is one forward and one backward (with a fixed upstream gradient). The
+methods are timed round-robin (every method once per round, several rounds) and the median
+is reported, so that a busy machine slows all of them alike. Peak memory is the largest
+amount of memory held during one forward+backward beyond the scores and the upstream
+gradient: the result, the gradient of the scores and all temporaries (CPU: peak resident
+set size, reset before each call; CUDA: max_memory_allocated).
+
+Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
+"""
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+
+try:
+    import entmax as entmax_package
+except ImportError:  # the comparison columns are left empty
+    entmax_package = None
+
+SHAPES = [(512, 32, 32), (128, 128, 128), (32, 512, 512), (8, 1024, 1024)]
+HEADS = 8
+TOPK = 8
+
+
+def learned_alpha(logits, batch_heads):
+    """alpha = 1 + sigmoid(a), one per head, as a (batch * heads, 1, 1) tensor."""
+    alpha = 1.0 + torch.sigmoid(logits)
+    return alpha.repeat(batch_heads // HEADS).view(batch_heads, 1, 1)
+
+
+def methods():
+    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs."""
+    pkg = entmax_package
+    return [
+        ("torch.softmax", lambda x, a: torch.softmax(x, -1), None),
+        ("softmax", lambda x, a: softmax(x, -1), lambda x, a: torch.softmax(x, -1)),
+        ("sparsemax", lambda x, a: sparsemax(x, -1), pkg and (lambda x, a: pkg.sparsemax(x, -1))),
+        ("entmax15", lambda x, a: entmax15(x, -1), pkg and (lambda x, a: pkg.entmax15(x, -1))),
+        (
+            "alpha_entmax (learned, per head)",
+            lambda x, a: alpha_entmax(x, learned_alpha(a, x.shape[0]), -1),
+            pkg and (lambda x, a: pkg.entmax_bisect(x, learned_alpha(a, x.shape[0]), -1)),
+        ),
+        (f"topk_softmax (k={TOPK})", lambda x, a: topk_softmax(x, TOPK, -1), None),
+    ]
+
+
+def forward_backward(fn, scores, alpha_logits, upstream):
+    scores.grad = None
+    alpha_logits.grad = None
+    fn(scores, alpha_logits).backward(upstream)
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_once(fn, scores, alpha_logits, upstream, device):
+    synchronize(device)
+    start = time.perf_counter()
+    forward_backward(fn, scores, alpha_logits, upstream)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def _rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def cpu_memory_setup():
+    """Make the resident set size follow live tensors: glibc serves every block over
+    64 KiB by mmap and returns it on free (it would otherwise keep freed heap pages)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 64 * 1024)
+    libc.mallopt(m_trim_threshold, 128 * 1024)
+
+
+def peak_memory(fn, scores, alpha_logits, upstream, device):
+    """Peak bytes held during one forward+backward beyond what was held before it.
+
+    CUDA: torch.cuda.max_memory_allocated. CPU: the peak resident set size (VmHWM, reset
+    through /proc/self/clear_refs) minus the resident size before the call.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        forward_backward(fn, scores, alpha_logits, upstream)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    scores.grad = None
+    alpha_logits.grad = None
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident size
+    before = _rss_kib("VmRSS")
+    forward_backward(fn, scores, alpha_logits, upstream)
+    return (_rss_kib("VmHWM") - before) * 1024
+
+
+def benchmark_shape(shape, rounds, device, measure_memory):
+    torch.manual_seed(0)
+    scores = torch.randn(*shape, device=device).requires_grad_()
+    upstream = torch.randn(*shape, device=device)
+    alpha_logits = torch.randn(HEADS, device=device).requires_grad_()
+    entries = []  # (name, which, fn)
+    for name, ours, package in methods():
+        entries.append((name, "ours", ours))
+        if package is not None:
+            entries.append((name, "package", package))
+    for _, _, fn in entries:  # warm-up
+        forward_backward(fn, scores, alpha_logits, upstream)
+    times = {(name, which): [] for name, which, _ in entries}
+    for round_index in range(rounds):
+        for name, which, fn in entries:
+            times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device))
+        print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
+    medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
+    memory = {}
+    if measure_memory:
+        if device.type == "cpu":
+            cpu_memory_setup()
+        for name, which, fn in entries:
+            forward_backward(fn, scores, alpha_logits, upstream)  # allocator warm-up
+            memory[(name, which)] = peak_memory(fn, scores, alpha_logits, upstream, device) / 2**20
+    with torch.no_grad():
+        differences = {}
+        for name, ours, package in methods():
+            if package is not None:
+                differences[name] = (ours(scores, alpha_logits) - package(scores, alpha_logits)).abs().max().item()
+    return medians, memory, differences
+
+
+def machine_description(device):
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    text = f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    if device.type == "cuda":
+        text += f", GPU {torch.cuda.get_device_name(device)}"
+    if entmax_package is not None:
+        text += f", entmax {getattr(entmax_package, '__version__', '?')}"
+    return text
+
+
+def format_table(results, measure_memory):
+    header = (
+        "| shape (b*h, q, k) | normalizer | ours ms | package ms | ours/package | ours/softmax |"
+        + (" ours MiB | package MiB | softmax MiB |" if measure_memory else "")
+        + " max abs diff |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for shape, (medians, memory, differences) in results.items():
+        softmax_ms = medians[("torch.softmax", "ours")]
+        for name, _, package in methods():
+            if name == "torch.softmax":
+                continue
+            ours_ms = medians[(name, "ours")]
+            package_ms = medians.get((name, "package"))
+            row = [
+                "x".join(map(str, shape)),
+                name,
+                f"{ours_ms:.1f}",
+                f"{package_ms:.1f}" if package_ms is not None else "-",
+                f"{ours_ms / package_ms:.2f}" if package_ms is not None else "-",
+                f"{ours_ms / softmax_ms:.2f}",
+            ]
+            if measure_memory:
+                package_mib = memory.get((name, "package"))
+                row += [
+                    f"{memory[(name, 'ours')]:.0f}",
+                    f"{package_mib:.0f}" if package_mib is not None else "-",
+                    f"{memory[('torch.softmax', 'ours')]:.0f}",
+                ]
+            row.append(f"{differences[name]:.1e}" if name in differences else "-")
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append(
+            "| " + "x".join(map(str, shape)) + f" | torch.softmax | {softmax_ms:.1f} | - | - | 1.00 |"
+            + (f" {memory[('torch.softmax', 'ours')]:.0f} | - | - |" if measure_memory else "")
+            + " - |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--shapes", nargs="*", default=None, help="e.g. 32x512x512 (default: all four)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak memory columns")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available to torch")
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
+    for shape in shapes:
+        if len(shape) != 3 or shape[0] % HEADS:
+            parser.error(f"shape {shape}: give batch*heads x queries x keys with batch*heads a multiple of {HEADS}")
+    if entmax_package is None:
+        print("note: the entmax package is not installed; package columns are empty", file=sys.stderr)
+    results = {}
+    for shape in shapes:
+        results[shape] = benchmark_shape(shape, args.rounds, device, not args.no_memory)
+    print(f"machine: {machine_description(device)}")
+    print(f"command: python {' '.join(sys.argv)}")
+    print(f"forward+backward, float32, median of {args.rounds} rounds; ratios < 1 mean ours is faster")
+    print(format_table(results, not args.no_memory))
+
+
+if __name__ == "__main__":
+    main()
