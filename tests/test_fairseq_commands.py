@@ -4,9 +4,9 @@ fairseq-validate, resuming a killed training, TensorBoard logging of every head'
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
-import sys
 
 import numpy
 import pytest
@@ -154,7 +154,7 @@ def test_training_killed_mid_run_resumes_with_its_saved_alphas(tiny_data, tmp_pa
     proc = subprocess.Popen(
         [str(a) for a in command] + ["--max-update", "100000"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
         for line in proc.stdout:
