@@ -31,10 +31,11 @@ def entmax15_rows(x, out, r):
       the answer when S is the true support, but may pass the root otherwise;
     - a Newton step on the norm F(tau) = ||[z - tau]_+||_2, which is convex and decreasing,
       so the step never passes the root, and nearly linear, so it gets close fast.
-    The larger one is evaluated; if it is the exact candidate and its support is still S,
+    The exact candidate is tried once the support held still over the last step, and when
+    it is the larger one; if its support is still S,
     S is the true support and the candidate is the exact threshold. If it passed the root
-    (f < 1), the next pass takes the Newton step instead. A row is also done when f at the
-    candidate is 1 up to rounding.
+    (f < 1), the next pass takes the Newton step instead. A Newton candidate cannot pass
+    the root: if it seems to, or if f at a candidate is 1 up to rounding, the row is done.
     """
     valid = shift_rows(x, out)
     # tau >= max / 2 - 1 = -1, so entries with z / 2 < -1 never enter the support: clamping
@@ -42,6 +43,7 @@ def entmax15_rows(x, out, r):
     z = out.mul_(0.5).clamp_min_(-2.0)
     tau = z.new_full((z.shape[0], 1), -1.0)
     s1, s2, count = _support_stats(z, tau, r)
+    previous_count = torch.full_like(count, -1.0)  # support size at the previous point
     newton_only = torch.zeros_like(count, dtype=torch.bool)
     done = torch.zeros_like(newton_only)
     mass_tolerance = 4 * torch.finfo(z.dtype).eps
@@ -49,13 +51,22 @@ def entmax15_rows(x, out, r):
         discriminant = s1.square() - count * (s2 - 1.0)
         exact = tau + (s1 - discriminant.clamp_min(0.0).sqrt()) / count
         newton = tau + (s2 - s2.sqrt()) / s1
-        use_exact = (discriminant >= 0) & (exact >= newton) & ~newton_only
+        # The exact candidate is tried once the support held still over the last step:
+        # tried earlier, it mostly passes the root and wastes a pass.
+        use_exact = (discriminant >= 0) & (exact >= newton) & ~newton_only & (count == previous_count)
         candidate = torch.where(done, tau, torch.where(use_exact, exact, newton))
         c1, c2, c_count = _support_stats(z, candidate, r)
-        # Done: the exact candidate kept its support (so it is the root), or the mass at
-        # the candidate is 1 up to rounding (which can keep the first test from passing).
-        done = done | (use_exact & (c_count == count)) | ((c2 - 1.0).abs() <= mass_tolerance)
+        # Done: the exact candidate kept its support (so it is the root); or a Newton
+        # candidate seems past the root, which only rounding at the root can do; or the
+        # mass at the candidate is 1 up to rounding.
+        done = (
+            done
+            | (use_exact & (c_count == count))
+            | (~use_exact & (c2 < 1.0))
+            | ((c2 - 1.0).abs() <= mass_tolerance)
+        )
         moved = done | (c2 >= 1.0)  # the candidate is still at or below the root
+        previous_count = torch.where(moved, count, previous_count)
         tau = torch.where(moved, candidate, tau)
         if bool(done.all()):
             break
