@@ -505,6 +505,9 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         return None
     out_dir = Path(out_dir)
     report = out_dir / "analysis.json"
+    # Reuse an earlier analysis only if it covers exactly these models.
+    if report.exists() and sorted(m["name"] for m in json.loads(report.read_text())["models"]) != sorted(checkpoints):
+        report.unlink()
     if not report.exists():
         log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
         args = [command, data_bin, "--user-dir", user_dir(), "--subset", subset, "--output-dir", out_dir]

@@ -28,8 +28,8 @@ from toy_language import write_toy_corpus  # noqa: E402
 # Sizes chosen so the four models together train in about 8 minutes on 2 CPU cores and
 # reach a clearly non-zero BLEU on the toy pair; --tiny is the test suite's size.
 SIZES = {
-    "demo": {"n_train": 20000, "n_eval": 500, "bpe_merges": 300, "max_update": 300, "max_tokens": 4096,
-             "warmup": 150, "layers": 2, "dim": 128, "ffn": 256, "heads": 4, "topk": 4},
+    "demo": {"n_train": 20000, "n_eval": 500, "bpe_merges": 300, "max_update": 200, "max_tokens": 4096,
+             "warmup": 100, "layers": 2, "dim": 128, "ffn": 256, "heads": 4, "topk": 4},
     "tiny": {"n_train": 600, "n_eval": 40, "bpe_merges": 100, "max_update": 20, "max_tokens": 1024,
              "warmup": 10, "layers": 1, "dim": 32, "ffn": 64, "heads": 2, "topk": 2},
 }
