@@ -235,3 +235,25 @@ def test_topk_keeps_ties_and_large_k_is_softmax():
     assert torch.equal(p, torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]))
     torch.testing.assert_close(topk_softmax(scores, 5), torch.softmax(scores, -1))
     torch.testing.assert_close(topk_softmax(scores, 50), torch.softmax(scores, -1))
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+def test_many_blocks_give_the_same_result(name, monkeypatch):
+    """Rows are processed a block at a time (fairseq_entmax.normalizers._common); blocks of
+    a few rows, with a shorter last block, give the same values and gradients as one block."""
+    import fairseq_entmax.normalizers._common as common
+
+    fn = NORMALIZERS[name]
+    torch.manual_seed(0)
+    scores = torch.randn(5, 7, 9, dtype=torch.float64)
+    scores[1, 2, :4] = float("-inf")
+    scores[3, 3, :] = float("-inf")
+    upstream = torch.randn(5, 7, 9, dtype=torch.float64)
+    results = []
+    for block_elements in (1 << 18, 2 * 9):  # one block; blocks of 2 rows (35 rows: 18 blocks)
+        monkeypatch.setattr(common, "BLOCK_ELEMENTS", block_elements)
+        x = scores.clone().requires_grad_()
+        p = fn(x)
+        p.backward(upstream)
+        results.append((p.detach(), x.grad))
+    torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=0)

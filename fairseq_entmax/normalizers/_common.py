@@ -12,10 +12,12 @@ import torch
 # bits) and the result is cast back to the input dtype.
 _UPCAST = (torch.float16, torch.bfloat16)
 
-# Elements per block of rows: 2**18 float32 = 1 MiB per temporary, small enough for the
-# temporaries of a block to stay in cache, large enough that the per-operation overhead of
-# the few dozen small operations per block stays small.
+# Elements per block of rows on CPU: 2**18 float32 = 1 MiB per temporary, small enough for
+# the temporaries of a block to stay in cache, large enough that the per-operation overhead
+# of the few dozen operations per block stays small. On a GPU there is no such cache to fit
+# and every operation is a kernel launch: blocks are as large as GPU_BLOCK_ELEMENTS.
 BLOCK_ELEMENTS = 1 << 18
+GPU_BLOCK_ELEMENTS = 1 << 24
 
 
 def check_scores(scores, dim, name):
@@ -52,9 +54,10 @@ def from_rows(rows, moved_shape, dim):
     return rows.view(moved_shape).movedim(-1, dim)
 
 
-def row_blocks(num_rows, d):
-    """(start, stop) of consecutive blocks of about BLOCK_ELEMENTS elements."""
-    step = max(1, BLOCK_ELEMENTS // max(d, 1))
+def row_blocks(num_rows, d, device):
+    """(start, stop) of consecutive blocks of rows of about BLOCK_ELEMENTS elements."""
+    elements = BLOCK_ELEMENTS if device.type == "cpu" else GPU_BLOCK_ELEMENTS
+    step = max(1, elements // max(d, 1))
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
@@ -92,7 +95,7 @@ def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
     num_rows, d = x.shape
     work_dtype = compute_dtype(x.dtype)
     out = torch.empty((num_rows, d), dtype=x.dtype, device=x.device)
-    blocks = row_blocks(num_rows, d)
+    blocks = row_blocks(num_rows, d, x.device)
     block_rows = blocks[0][1] - blocks[0][0]
     cast = work_dtype != x.dtype
     scratch = [
@@ -121,7 +124,7 @@ def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_
     num_rows, d = p.shape
     work_dtype = compute_dtype(p.dtype)
     grad_scores = torch.empty((num_rows, d), dtype=p.dtype, device=p.device)
-    blocks = row_blocks(num_rows, d)
+    blocks = row_blocks(num_rows, d, p.device)
     block_rows = blocks[0][1] - blocks[0][0]
     cast = work_dtype != p.dtype
     scratch = [
