@@ -12,12 +12,11 @@ import torch
 # bits) and the result is cast back to the input dtype.
 _UPCAST = (torch.float16, torch.bfloat16)
 
-# Elements per block of rows on CPU: 2**20 float32 = 4 MiB per temporary, small enough for
-# the temporaries of a block to stay in cache, large enough that the few dozen operations
-# per block stay few (each costs a fixed overhead, and a multi-threaded one must wait for
-# all its threads, which is slow on a busy machine). On a GPU there is no such cache to fit
+# Elements per block of rows on CPU: 2**18 float32 = 1 MiB per temporary, small enough for
+# the temporaries of a block to stay in cache, large enough that the per-operation overhead
+# of the few dozen operations per block stays small. On a GPU there is no such cache to fit
 # and every operation is a kernel launch: blocks are as large as GPU_BLOCK_ELEMENTS.
-BLOCK_ELEMENTS = 1 << 20
+BLOCK_ELEMENTS = 1 << 18
 GPU_BLOCK_ELEMENTS = 1 << 24
 
 
