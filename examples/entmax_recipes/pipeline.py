@@ -27,6 +27,16 @@ class PipelineError(Exception):
     """A problem with the user's input or set-up; the message says what to do."""
 
 
+def run_reporting_errors(run, args):
+    """Run a script's stages; a PipelineError becomes its message on stderr and exit status 2."""
+    try:
+        run(args)
+    except PipelineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def log(message):
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 

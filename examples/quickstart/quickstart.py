@@ -22,7 +22,7 @@ sys.path.insert(0, str(EXAMPLES))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import PipelineError, TrainSettings, log  # noqa: E402
+from entmax_recipes.pipeline import TrainSettings, log  # noqa: E402
 from toy_language import write_toy_corpus  # noqa: E402
 
 # Sizes chosen so the whole demo fits in 10 minutes on 2 CPU cores (measured: 6m11s) and
@@ -62,13 +62,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        run(args)
-    except PipelineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return pipeline.run_reporting_errors(run, parse_args(argv))
 
 
 def run(args):

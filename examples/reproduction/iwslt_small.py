@@ -23,7 +23,7 @@ REPO = EXAMPLES.parent
 sys.path.insert(0, str(EXAMPLES))
 
 from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import PipelineError, TrainSettings, log  # noqa: E402
+from entmax_recipes.pipeline import TrainSettings, log  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "iwslt16_de_en_sample"
 SRC, TGT = "de", "en"
@@ -58,13 +58,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        run(args)
-    except PipelineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return pipeline.run_reporting_errors(run, parse_args(argv))
 
 
 def _take_lines(in_path, out_path, n):

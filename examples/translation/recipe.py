@@ -31,7 +31,7 @@ sys.path.insert(0, str(EXAMPLES))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import PipelineError, log  # noqa: E402
+from entmax_recipes.pipeline import log  # noqa: E402
 from tasks import SMOKE_BPE_MERGES, SMOKE_TRAIN, TASKS, download, write_smoke_data  # noqa: E402
 
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
@@ -75,13 +75,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        run(args)
-    except PipelineError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return pipeline.run_reporting_errors(run, parse_args(argv))
 
 
 def run(args):
