@@ -132,12 +132,13 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
-    checkpoint = work / "models" / "softmax-seed1" / "checkpoint_last.pt"
+    train_log_path = work / "models" / "softmax-seed1" / "train.log"
+    # fairseq logs "Saved checkpoint" once checkpoint_last.pt is completely written.
     deadline = time.time() + 600
-    while not checkpoint.exists() and proc.poll() is None and time.time() < deadline:
+    while proc.poll() is None and time.time() < deadline and not (
+            train_log_path.exists() and "Saved checkpoint" in train_log_path.read_text()):
         time.sleep(0.2)
-    assert checkpoint.exists(), "no checkpoint was written before the interrupt"
-    time.sleep(1.0)  # let fairseq finish writing it
+    assert "Saved checkpoint" in train_log_path.read_text(), "no checkpoint was written before the interrupt"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
     proc.communicate(timeout=120)
     assert not (work / "models" / "softmax-seed1" / "train.done").exists(), "training finished before the interrupt"

@@ -195,3 +195,34 @@ def test_iwslt17_prepare_drops_talk_metadata_lines(tmp_path):
     })
     assert tasks.iwslt_training_lines(archive, "de") == ["Hallo Welt.", "Zwei."]
     assert tasks.iwslt_training_lines(archive, "en") == ["Hello world.", "Two."]
+
+
+def test_checkpoint_last_cut_short_by_an_interrupt_is_replaced_by_the_newest_complete_one(tmp_path):
+    torch.save({"num_updates": 10}, tmp_path / "checkpoint1.pt")
+    torch.save({"num_updates": 20}, tmp_path / "checkpoint2.pt")
+    complete = (tmp_path / "checkpoint2.pt").read_bytes()
+    (tmp_path / "checkpoint_last.pt").write_bytes(complete[: len(complete) // 2])
+
+    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+
+    assert torch.load(tmp_path / "checkpoint_last.pt")["num_updates"] == 20
+
+
+def test_checkpoint_last_cut_short_with_nothing_complete_is_removed(tmp_path):
+    torch.save({"num_updates": 10}, tmp_path / "checkpoint_last.pt")
+    complete = (tmp_path / "checkpoint_last.pt").read_bytes()
+    (tmp_path / "checkpoint_last.pt").write_bytes(complete[:-30])
+
+    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+
+    assert not (tmp_path / "checkpoint_last.pt").exists()
+
+
+def test_complete_checkpoint_last_is_left_alone(tmp_path):
+    torch.save({"num_updates": 30}, tmp_path / "checkpoint_last.pt")
+    torch.save({"num_updates": 20}, tmp_path / "checkpoint2.pt")
+    before = (tmp_path / "checkpoint_last.pt").read_bytes()
+
+    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == before

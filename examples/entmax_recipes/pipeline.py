@@ -9,9 +9,11 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from multiprocessing import Pool
@@ -322,6 +324,25 @@ def _progress_line(label, max_update):
     return show
 
 
+def _repair_interrupted_checkpoint_last(save_dir, label):
+    """fairseq writes a numbered checkpoint and then copies it to checkpoint_last.pt; an
+    interrupt during the copy leaves a truncated file, from which fairseq-train cannot resume
+    (EOFError). torch checkpoints are zip archives, whose index is at the end, so a truncated
+    one is not a valid zip: replace it with the newest complete numbered checkpoint, or remove
+    it so that training starts over."""
+    last = save_dir / "checkpoint_last.pt"
+    if not last.exists() or zipfile.is_zipfile(last):
+        return
+    complete = [p for p in save_dir.glob("checkpoint*.pt") if p != last and zipfile.is_zipfile(p)]
+    if complete:
+        newest = max(complete, key=lambda p: p.stat().st_mtime)
+        shutil.copyfile(newest, last)
+        log(f"{label}: {last.name} was cut short by an interrupt; resuming from {newest.name} instead")
+    else:
+        last.unlink()
+        log(f"{label}: {last.name} was cut short by an interrupt and no complete checkpoint is left; starting over")
+
+
 def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
     """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
     Returns the training wall time in seconds, summed over resumed runs."""
@@ -333,6 +354,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
         log(f"{label}: already trained ({seconds:.0f} s), skipping")
         return seconds
     save_dir.mkdir(parents=True, exist_ok=True)
+    _repair_interrupted_checkpoint_last(save_dir, label)
     if (save_dir / "checkpoint_last.pt").exists():
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
     else:
