@@ -56,7 +56,7 @@ SETTINGS = {
               "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
               "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "8",
               "--decoder-attention-heads", "8"],
-        join_lines=8, max_tokens=8192, gen_len=100,
+        join_lines=8, max_tokens=4096, gen_len=60,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
 }
@@ -133,10 +133,10 @@ def main():
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
-    parser.add_argument("--updates", type=int, default=30, help="training updates per run")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; the median is kept")
+    parser.add_argument("--updates", type=int, default=15, help="training updates per run")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
-    parser.add_argument("--gen-sentences", type=int, default=24)
+    parser.add_argument("--gen-sentences", type=int, default=16)
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     if not (args.data / "train.de").exists():
