@@ -164,3 +164,20 @@ def sparse_map_backward(g, s, grad_out):
     skewed_mean = grad_out.sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True).clamp_min_(1e-30)
     grad_out.addcmul_(s, skewed_mean, value=-1.0)
     return skewed_mean
+
+
+def output_only_forward(ctx, scores, dim, kernel):
+    """Forward of an autograd Function whose row kernel computes the map and whose backward
+    needs only the output: saves just that."""
+    ctx.dim = dim
+    out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, kernel)
+    ctx.save_for_backward(out)
+    return out
+
+
+def output_only_backward(ctx, grad, kernel):
+    """Gradient w.r.t. the scores from the saved output, for output_only_forward."""
+    (out,) = ctx.saved_tensors
+    if out.numel() == 0:
+        return torch.zeros_like(out)
+    return map_rows_backward(out, grad, ctx.dim, kernel)

@@ -3,8 +3,8 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     check_scores,
-    map_rows,
-    map_rows_backward,
+    output_only_backward,
+    output_only_forward,
     shift_rows,
     sparse_map_backward,
 )
@@ -90,17 +90,11 @@ def entmax15_rows_backward(p, g, grad_out, s):
 class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, dim):
-        ctx.dim = dim
-        out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, entmax15_rows)
-        ctx.save_for_backward(out)
-        return out
+        return output_only_forward(ctx, scores, dim, entmax15_rows)
 
     @staticmethod
     def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        if out.numel() == 0:
-            return torch.zeros_like(out), None
-        return map_rows_backward(out, grad, ctx.dim, entmax15_rows_backward), None
+        return output_only_backward(ctx, grad, entmax15_rows_backward), None
 
 
 def entmax15(scores, dim=-1):

@@ -4,8 +4,8 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     check_scores,
-    map_rows,
-    map_rows_backward,
+    output_only_backward,
+    output_only_forward,
     shift_rows,
     sparse_map_backward,
 )
@@ -50,17 +50,11 @@ def sparsemax_rows_backward(p, g, grad_out, s):
 class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, dim):
-        ctx.dim = dim
-        out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, sparsemax_rows)
-        ctx.save_for_backward(out)
-        return out
+        return output_only_forward(ctx, scores, dim, sparsemax_rows)
 
     @staticmethod
     def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        if out.numel() == 0:
-            return torch.zeros_like(out), None
-        return map_rows_backward(out, grad, ctx.dim, sparsemax_rows_backward), None
+        return output_only_backward(ctx, grad, sparsemax_rows_backward), None
 
 
 def sparsemax(scores, dim=-1):
