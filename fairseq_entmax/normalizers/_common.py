@@ -61,6 +61,22 @@ def row_blocks(num_rows, d, device):
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
+def blocks_and_scratch(rows, num_scratch):
+    """The row blocks of a (num_rows, d) tensor and the scratch buffers a block needs, in the
+    compute dtype: num_scratch of them, plus one to compute a block in when rows is
+    half precision (cast is then True and the result is copied back in rows' dtype)."""
+    num_rows, d = rows.shape
+    work_dtype = compute_dtype(rows.dtype)
+    blocks = row_blocks(num_rows, d, rows.device)
+    block_rows = blocks[0][1] - blocks[0][0]
+    cast = work_dtype != rows.dtype
+    scratch = [
+        torch.empty((block_rows, d), dtype=work_dtype, device=rows.device)
+        for _ in range(num_scratch + cast)
+    ]
+    return blocks, scratch, cast, work_dtype
+
+
 def shift_rows(x, z):
     """Write x minus its row maximum into z (so each row's maximum is 0).
 
@@ -92,16 +108,8 @@ def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
     result with the shape, layout convention and dtype of `scores`.
     """
     x, moved_shape = as_rows(scores, dim)
-    num_rows, d = x.shape
-    work_dtype = compute_dtype(x.dtype)
-    out = torch.empty((num_rows, d), dtype=x.dtype, device=x.device)
-    blocks = row_blocks(num_rows, d, x.device)
-    block_rows = blocks[0][1] - blocks[0][0]
-    cast = work_dtype != x.dtype
-    scratch = [
-        torch.empty((block_rows, d), dtype=work_dtype, device=x.device)
-        for _ in range(num_scratch + cast)
-    ]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    blocks, scratch, cast, _ = blocks_and_scratch(x, num_scratch)
     for start, stop in blocks:
         buffers = [buffer[: stop - start] for buffer in scratch]
         out_block = buffers.pop() if cast else out[start:stop]
@@ -121,16 +129,8 @@ def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_
     """
     p, moved_shape = as_rows(out, dim)
     g, _ = as_rows(grad, dim)
-    num_rows, d = p.shape
-    work_dtype = compute_dtype(p.dtype)
-    grad_scores = torch.empty((num_rows, d), dtype=p.dtype, device=p.device)
-    blocks = row_blocks(num_rows, d, p.device)
-    block_rows = blocks[0][1] - blocks[0][0]
-    cast = work_dtype != p.dtype
-    scratch = [
-        torch.empty((block_rows, d), dtype=work_dtype, device=p.device)
-        for _ in range(num_scratch + cast)
-    ]
+    grad_scores = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+    blocks, scratch, cast, work_dtype = blocks_and_scratch(p, num_scratch)
     row_values = []
     for start, stop in blocks:
         buffers = [buffer[: stop - start] for buffer in scratch]
