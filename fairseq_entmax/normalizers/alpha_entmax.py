@@ -35,8 +35,8 @@ def alpha_entmax_rows(x, out, am1, r, q):
     F(tau) = ||[z - tau]_+||_n: for alpha <= 2 (n >= 1) F is convex and decreasing, so from
     tau = -1 (below the root) the steps rise monotonically to the root without passing it,
     nearly linearly far from it (F is exactly linear while one entry is in the support) and
-    quadratically near it; 4 to 7 passes for attention rows. Each step is kept inside the
-    bracket [-1, -(1/d)^am1] (bisection otherwise), which also covers alpha > 2.
+    quadratically near it; 4 to 7 passes for attention rows. For alpha > 2 that guarantee
+    is lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below _TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum.
     """
@@ -48,33 +48,11 @@ def alpha_entmax_rows(x, out, am1, r, q):
     # tau >= -1, so entries with am1 * z < -1 never enter the support: clamping them to
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(am1).clamp_min_(-2.0)
-    exponent = 1.0 / am1 - 1.0  # n - 1
-    # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
-    mask_zeros = bool((exponent <= 0).any())
-    lo = torch.full_like(am1, -1.0)
-    hi = -torch.pow(torch.full_like(am1, 1.0 / z.shape[1]), am1)
-    tau = lo.clone()
-    tolerance = _TOLERANCE[z.dtype]
-    for _ in range(_MAX_PASSES):
-        torch.sub(z, tau, out=r).clamp_min_(0.0)
-        torch.pow(r, exponent, out=q)
-        if mask_zeros:
-            q.masked_fill_(r == 0, 0.0)
-        s1 = q.sum(dim=-1, keepdim=True)  # sum r^(n-1)
-        total = torch.linalg.vecdot(q, r).unsqueeze(-1)  # sum r^n = sum p
-        # Newton step on F - 1: (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
-        step = (total - total.pow(1.0 - am1)) / s1
-        if bool((step.abs() <= tolerance).all()):
-            break
-        below = total >= 1.0
-        lo = torch.where(below, tau, lo)
-        hi = torch.where(below, hi, tau)
-        new_tau = tau + step
-        # Bisect where a step would leave the bracket (or is NaN), except for rows that
-        # have already converged: their tiny steps may graze the bracket's ends.
-        inside = (new_tau > lo) & (new_tau < hi)
-        outside = ~inside & ~(step.abs() <= tolerance)
-        tau = torch.where(outside, (lo + hi) / 2, new_tau)
+    newton = _NewtonOnNorm(z, am1, r, q)
+    # The plain loop has a third of the operations of the safeguarded one, which is what
+    # a call on a few short rows (a decoding step) costs.
+    search = newton.plain if bool((am1 <= 1.0).all()) else newton.safeguarded
+    step = search()
     # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
     # order step^2 instead of step (and costs no further power); then renormalise.
     torch.sub(r, step / am1, out=out).clamp_min_(0.0).mul_(q)
@@ -83,6 +61,61 @@ def alpha_entmax_rows(x, out, am1, r, q):
         out.copy_(torch.where(is_softmax, torch.softmax(x.to(out.dtype), dim=-1), out))
     if valid is not None:
         out.masked_fill_(~valid, 0.0)
+
+
+class _NewtonOnNorm:
+    """Newton's method on F(tau) - 1 for the rows of z (see alpha_entmax_rows). Both searches
+    start at tau = -1 and return the last step; r = [z - tau]_+ and q = r^(n - 1) are left
+    from the last pass, at the tau before that step."""
+
+    def __init__(self, z, am1, r, q):
+        self.z, self.am1, self.r, self.q = z, am1, r, q
+        self.exponent = 1.0 / am1 - 1.0  # n - 1
+        self.one_minus_am1 = 1.0 - am1
+        # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
+        self.mask_zeros = bool((self.exponent <= 0).any())
+        self.tolerance = _TOLERANCE[z.dtype]
+
+    def total_and_step(self, tau):
+        """sum_i r_i^n (= sum p) and the Newton step (F - 1) / -F' at tau."""
+        torch.sub(self.z, tau, out=self.r).clamp_min_(0.0)
+        torch.pow(self.r, self.exponent, out=self.q)
+        if self.mask_zeros:
+            self.q.masked_fill_(self.r == 0, 0.0)
+        s1 = self.q.sum(dim=-1, keepdim=True)  # sum r^(n-1)
+        total = torch.linalg.vecdot(self.q, self.r).unsqueeze(-1)  # sum r^n
+        # (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
+        return total, (total - total.pow(self.one_minus_am1)).div_(s1)
+
+    def plain(self):
+        """For alpha <= 2, where the steps rise monotonically to the root."""
+        tau = torch.full_like(self.am1, -1.0)
+        for _ in range(_MAX_PASSES):
+            _, step = self.total_and_step(tau)
+            if step.abs().max().item() <= self.tolerance:
+                break
+            tau.add_(step)
+        return step
+
+    def safeguarded(self):
+        """For any alpha: steps that would leave the bracket of the root are bisections."""
+        lo = torch.full_like(self.am1, -1.0)
+        hi = -torch.pow(torch.full_like(self.am1, 1.0 / self.z.shape[1]), self.am1)
+        tau = lo.clone()
+        for _ in range(_MAX_PASSES):
+            total, step = self.total_and_step(tau)
+            converged = step.abs() <= self.tolerance
+            if bool(converged.all()):
+                break
+            below = total >= 1.0
+            lo = torch.where(below, tau, lo)
+            hi = torch.where(below, hi, tau)
+            new_tau = tau + step
+            # Bisect where a step would leave the bracket (or is NaN), except for rows
+            # that have already converged: their tiny steps may graze the bracket's ends.
+            outside = ~((new_tau > lo) & (new_tau < hi)) & ~converged
+            tau = torch.where(outside, (lo + hi) / 2, new_tau)
+        return step
 
 
 def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s):
