@@ -38,6 +38,9 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16
 # name -> extra fairseq-train arguments; the first entry is the baseline of every ratio.
 MODELS = {
     "softmax (fairseq transformer)": ["--arch", "{base_arch}"],
+    # The same softmax through SparseMultiheadAttention, which forgoes PyTorch's fused
+    # attention: separates the cost of the plugin's attention path from that of the maps.
+    "softmax (fairseq_entmax attention)": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "softmax"],
     "1.5-entmax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "entmax15"],
     "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
     "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],

@@ -7,6 +7,7 @@ valid TED tst2013, test TED tst2014), evaluated on tst2014: tokenized BLEU, sacr
 training time, attention density and learned alphas. See docs/reproduction.md.
 
     .venv/bin/python examples/reproduction/iwslt_small.py                 # the full run (CPU hours)
+    .venv/bin/python examples/reproduction/iwslt_small.py --budget short  # about 2 h on 2 cores
     .venv/bin/python examples/reproduction/iwslt_small.py --budget tiny   # every stage in minutes
 
 Resumable: rerun the same command after an interruption; finished models are not retrained.
@@ -32,15 +33,23 @@ SRC, TGT = "de", "en"
 # width 256 (fairseq's transformer_iwslt_de_en halved in width and depth), 8000 BPE merges
 # for 20k training pairs, 4096-token batches, 2000 updates (about 15 epochs), average of the
 # last 5 states. Measured 2.6-2.9 s of CPU per update on one core (softmax and alpha-entmax
-# alike): about 1.5 CPU-hours per model, 12 for the 8 models. "tiny": the same stages in
-# minutes, to check the script.
+# alike): about 1.5 CPU-hours per model, 12 for the 8 models. "short": what fits about
+# 2 hours on 2 cores: 3+3 layers of width 128, 800 updates (about 5 epochs), measured 1.4 s
+# per update with two such runs side by side on the 2 cores, about 20 minutes per model. "tiny": the same
+# stages in minutes, to check the script.
 BUDGETS = {
     "small": {"bpe_merges": 8000, "layers": 3, "dim": 256, "ffn": 1024, "heads": 4, "max_update": 2000,
               "max_tokens": 4096, "lr": 1e-3, "warmup": 500, "dropout": 0.3, "average": 5,
-              "train_lines": None, "test_lines": None, "analysis_sentences": 500},
+              "train_lines": None, "test_lines": None, "analysis_sentences": 500, "max_len": None},
+    "short": {"bpe_merges": 8000, "layers": 3, "dim": 128, "ffn": 512, "heads": 4, "max_update": 800,
+              "max_tokens": 4096, "lr": 1e-3, "warmup": 200, "dropout": 0.1, "average": 3,
+              "train_lines": None, "test_lines": None, "analysis_sentences": 500, "max_len": None},
     "tiny": {"bpe_merges": 500, "layers": 1, "dim": 64, "ffn": 128, "heads": 4, "max_update": 60,
              "max_tokens": 2048, "lr": 1e-3, "warmup": 20, "dropout": 0.1, "average": 2,
-             "train_lines": 2000, "test_lines": 100, "analysis_sentences": 50},
+             "train_lines": 2000, "test_lines": 100, "analysis_sentences": 50,
+             # a barely trained model would otherwise spend fairseq's default 200 tokens on
+             # every sentence
+             "max_len": (1.2, 10)},
 }
 
 
@@ -103,7 +112,8 @@ def run(args):
     for i, (variant, seed) in enumerate(runs, 1):
         rows.append(pipeline.train_and_evaluate(
             data_bin, work, variant, seed, settings, references_tok, references_raw, TGT,
-            label=f"{variant} seed {seed} [{i}/{len(runs)}]", average_last=budget["average"], threads=args.threads))
+            label=f"{variant} seed {seed} [{i}/{len(runs)}]", average_last=budget["average"], threads=args.threads,
+            max_len=budget["max_len"]))
 
     analysis = pipeline.analyze(data_bin, {f"{r['model']}-seed{r['seed']}": r["checkpoint"] for r in rows},
                                 "test", work / "analysis", work / "analysis.log",
