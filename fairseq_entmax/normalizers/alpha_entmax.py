@@ -49,8 +49,8 @@ def alpha_entmax_rows(x, out, am1, r, q):
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(am1).clamp_min_(-2.0)
     newton = _NewtonOnNorm(z, am1, r, q)
-    # The plain loop has a third of the operations of the safeguarded one, which is what
-    # a call on a few short rows (a decoding step) costs.
+    # The plain loop has less than half the operations of the safeguarded one, and their
+    # number is what a call on a few short rows (a decoding step) costs.
     search = newton.plain if bool((am1 <= 1.0).all()) else newton.safeguarded
     step = search()
     # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
