@@ -2,6 +2,7 @@
 on the real IWSLT16 sample in ../shared/data: every stage runs, the table groups seeds per
 variant, a rerun reuses what is finished, and bad input stops before any work."""
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -41,6 +42,10 @@ def test_every_variant_and_seed_is_trained_translated_scored_and_tabled(tiny_rep
         assert len((work / "eval" / name / "test.hyp").read_text(encoding="utf-8").splitlines()) == test_size
         assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["chrf"] <= 100 and row["train_seconds"] > 0
         assert set(row["density"]) == {"encoder_self", "decoder_self", "cross"}
+        # The validation perplexity is the one fairseq logged last for this model.
+        log = (work / "models" / name / "train.log").read_text()
+        logged = re.findall(r"valid on 'valid' subset \| .*\| ppl ([\d.]+)", log)
+        assert logged and row["valid_ppl"] == float(logged[-1]) > 1
     # Top-k (k = 8) attends to at most 8 keys; softmax to all of them.
     topk = [r for r in rows if r["model"] == "topk"]
     softmax = [r for r in rows if r["model"] == "softmax"]

@@ -14,6 +14,7 @@ Resumable: rerun the same command after an interruption; finished models are not
 """
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -111,10 +112,12 @@ def run(args):
     runs = [(variant, seed) for seed in args.seeds for variant in args.models]
     rows = []
     for i, (variant, seed) in enumerate(runs, 1):
-        rows.append(pipeline.train_and_evaluate(
+        row = pipeline.train_and_evaluate(
             data_bin, work, variant, seed, settings, references_tok, references_raw, TGT,
             label=f"{variant} seed {seed} [{i}/{len(runs)}]", average_last=budget["average"], threads=args.threads,
-            max_len=budget["max_len"]))
+            max_len=budget["max_len"])
+        row["valid_ppl"] = last_valid_perplexity(work / "models" / f"{variant}-seed{seed}" / "train.log")
+        rows.append(row)
 
     analysis = pipeline.analyze(data_bin, {f"{r['model']}-seed{r['seed']}": r["checkpoint"] for r in rows},
                                 "test", work / "analysis", work / "analysis.log",
@@ -130,6 +133,15 @@ def run(args):
     print(f"\nresults: {work / 'results.md'}; total time {pipeline.format_seconds(time.time() - started)}")
 
 
+def last_valid_perplexity(train_log):
+    """Perplexity on the validation set (TED tst2013) after the last epoch, from fairseq's log:
+    a measure of accuracy that is less coarse than BLEU while BLEU is low."""
+    valid_lines = [line for line in pipeline.read_lines(train_log) if "| valid on 'valid' subset |" in line]
+    if not valid_lines:
+        return None
+    return float(re.search(r"\| ppl ([\d.]+)", valid_lines[-1]).group(1))
+
+
 def _mean_spread(values):
     """'mean ± sample standard deviation' over seeds (just the value for one seed)."""
     if len(values) == 1:
@@ -143,13 +155,15 @@ def summarize(rows, args, counts):
         by_variant.setdefault(row["model"], []).append(row)
     lines = [f"Reduced-scale reproduction, IWSLT16 de-en sample, {args.budget} budget, seeds {args.seeds}: "
              f"train {counts['train']} pairs, test TED tst2014 ({counts['test']} sentences)", "",
-             "| model | tok BLEU | sacreBLEU | chrF | train time | seeds |", "|---|---|---|---|---|---|"]
+             "| model | tok BLEU | sacreBLEU | chrF | valid ppl | train time | seeds |", "|---|---|---|---|---|---|---|"]
     for variant, group in by_variant.items():
+        perplexities = [r["valid_ppl"] for r in group if r.get("valid_ppl") is not None]
         lines.append(
             f"| {variant} | {_mean_spread([r['bleu_tok'] for r in group])} | {_mean_spread([r['bleu'] for r in group])} "
-            f"| {_mean_spread([r['chrf'] for r in group])} "
+            f"| {_mean_spread([r['chrf'] for r in group])} | {_mean_spread(perplexities) if perplexities else '-'} "
             f"| {pipeline.format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |")
-    lines += ["", "Per run (density: mean fraction of keys with nonzero weight; alpha: mean (min-max) over heads):", "",
+    lines += ["", "valid ppl: perplexity on TED tst2013 after the last epoch (before checkpoint averaging).",
+              "", "Per run (density: mean fraction of keys with nonzero weight; alpha: mean (min-max) over heads):", "",
               pipeline.format_table([dict(r, model=f"{r['model']} seed {r['seed']}") for r in rows], bleu_tok=True), "",
               f"tok BLEU: {rows[0]['bleu_tok_signature']} (Moses-tokenised, as the paper)",
               f"sacreBLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]
