@@ -140,6 +140,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
     parser.add_argument("--gen-sentences", type=int, default=16)
+    parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     if not (args.data / "train.de").exists():
@@ -160,7 +161,8 @@ def main():
                 save_dir = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
                 wps, rss = train(data_bin, save_dir, [a.format(**setting) for a in model_args], setting, device_args, args.updates)
-                sps = generate(data_bin, save_dir, setting, device_args)
+                # A generation of 16 sentences is short: repeat it and keep the median.
+                sps = statistics.median(generate(data_bin, save_dir, setting, device_args) for _ in range(args.gen_repeats))
                 for key, value in (("wps", wps), ("rss", rss), ("sps", sps)):
                     results[model][key].append(value)
                 print(f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
