@@ -143,6 +143,8 @@ def main():
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
+        parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if not (args.data / "train.de").exists():
         sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
     device_args = ["--cpu"] if args.device == "cpu" else []

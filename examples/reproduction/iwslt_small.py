@@ -7,7 +7,7 @@ valid TED tst2013, test TED tst2014), evaluated on tst2014: tokenized BLEU, sacr
 training time, attention density and learned alphas. See docs/reproduction.md.
 
     .venv/bin/python examples/reproduction/iwslt_small.py                 # the full run (CPU hours)
-    .venv/bin/python examples/reproduction/iwslt_small.py --budget short  # about 2 h on 2 cores
+    .venv/bin/python examples/reproduction/iwslt_small.py --budget short  # 80 min on 2 cores as two processes (docs)
     .venv/bin/python examples/reproduction/iwslt_small.py --budget tiny   # every stage in minutes
 
 Resumable: rerun the same command after an interruption; finished models are not retrained.
@@ -34,10 +34,11 @@ SRC, TGT = "de", "en"
 # width 256 (fairseq's transformer_iwslt_de_en halved in width and depth), 8000 BPE merges
 # for 20k training pairs, 4096-token batches, 2000 updates (about 13 epochs), average of the
 # last 5 states. Measured 2.6-2.9 s of CPU per update on one core (softmax and alpha-entmax
-# alike): about 1.5 CPU-hours per model, 12 for the 8 models. "short": what fits about
-# 2 hours on 2 cores: 3+3 layers of width 128, 2048-token batches (more updates for the same
-# work, and a higher learning rate, suit a model this small), 1600 updates (about 5 epochs),
-# about 20 minutes per model with two runs side by side. "tiny": the same stages in minutes,
+# alike): about 1.5 CPU-hours per model, 12 for the 8 models. "short": what fits a
+# session on 2 cores: 3+3 layers of width 128, 2048-token batches (more updates for the same
+# work, and a higher learning rate, suit a model this small), 1600 updates (about 5 epochs);
+# measured 17-20 minutes of training per model with two runs side by side, 80 minutes for
+# the 8 models. "tiny": the same stages in minutes,
 # to check the script.
 BUDGETS = {
     "small": {"bpe_merges": 8000, "layers": 3, "dim": 256, "ffn": 1024, "heads": 4, "max_update": 2000,
