@@ -231,7 +231,7 @@ def alpha_entmax(scores, alpha, dim=-1):
     (batch, heads, queries, keys)). alpha = 1 is softmax, 2 is
     sparsemax, 1.5 is entmax15; a python float equal to one of these uses that exact map.
 
-    The threshold is found by safeguarded Newton steps (see alpha_entmax_rows) that stop
+    The threshold is found by Newton steps (bracketed for alpha > 2; see alpha_entmax_rows) that stop
     once every step on tau is below 1e-5 (float32) or 1e-12 (float64), usually after 4 to 7
     passes; p is then corrected to first order for the last step and renormalised. Accuracy, max abs error of p against float64
     bisection run to convergence (tests/test_normalizers_properties.py): float32 below 1e-6
