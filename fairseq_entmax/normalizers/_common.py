@@ -166,11 +166,11 @@ def sparse_map_backward(g, s, grad_out):
     return skewed_mean
 
 
-def output_only_forward(ctx, scores, dim, kernel):
+def output_only_forward(ctx, scores, dim, kernel, num_scratch=1):
     """Forward of an autograd Function whose row kernel computes the map and whose backward
     needs only the output: saves just that."""
     ctx.dim = dim
-    out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, kernel)
+    out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, kernel, num_scratch=num_scratch)
     ctx.save_for_backward(out)
     return out
 

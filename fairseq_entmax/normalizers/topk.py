@@ -1,9 +1,10 @@
 """Top-k softmax, the attention of the Explicit Sparse Transformer (Zhao et al. 2019)."""
+import functools
 import numbers
 
 import torch
 
-from fairseq_entmax.normalizers._common import check_scores, map_rows, shift_rows
+from fairseq_entmax.normalizers._common import check_scores, output_only_forward, shift_rows
 from fairseq_entmax.normalizers.softmax import SoftmaxFunction
 
 
@@ -24,13 +25,7 @@ def topk_softmax_rows(x, out, k):
 class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, k, dim):
-        ctx.dim = dim
-        if scores.numel() == 0:
-            out = scores.clone()
-        else:
-            out = map_rows(scores, dim, lambda x, out_block: topk_softmax_rows(x, out_block, k), num_scratch=0)
-        ctx.save_for_backward(out)
-        return out
+        return output_only_forward(ctx, scores, dim, functools.partial(topk_softmax_rows, k=k), num_scratch=0)
 
     @staticmethod
     def backward(ctx, grad):
