@@ -117,7 +117,8 @@ def run(args):
             data_bin, work, variant, seed, settings, references_tok, references_raw, TGT,
             label=f"{variant} seed {seed} [{i}/{len(runs)}]", average_last=budget["average"], threads=args.threads,
             max_len=budget["max_len"])
-        row["valid_ppl"] = last_valid_perplexity(work / "models" / f"{variant}-seed{seed}" / "train.log")
+        # The checkpoint lies in the model's save dir, beside fairseq-train's log.
+        row["valid_ppl"] = last_valid_perplexity(Path(row["checkpoint"]).parent / "train.log")
         rows.append(row)
 
     analysis = pipeline.analyze(data_bin, {f"{r['model']}-seed{r['seed']}": r["checkpoint"] for r in rows},
