@@ -128,7 +128,7 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
     command = [sys.executable, QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
-               "--models", "softmax", "--max-update", "120", "--work-dir", work]
+               "--models", "softmax", "--max-update", "400", "--work-dir", work]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)

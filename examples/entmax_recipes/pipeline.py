@@ -79,7 +79,9 @@ def run_logged(args, log_path, show=None, env=None):
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     args = [str(a) for a in args]
-    with open(log_path, "a", encoding="utf-8") as log_file:
+    # Line-buffered: the log shows each line as it comes (for a user following it, and for a
+    # resume test that interrupts once a checkpoint has been logged).
+    with open(log_path, "a", encoding="utf-8", buffering=1) as log_file:
         log_file.write("$ " + " ".join(args) + "\n")
         log_file.flush()
         proc = subprocess.Popen(
