@@ -130,8 +130,11 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     command = [sys.executable, QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
                "--models", "softmax", "--max-update", "400", "--work-dir", work]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # Ctrl-C works as in a terminal even when this suite runs as a background job, whose
+    # shell started it with SIGINT ignored (an ignored signal is inherited across exec).
     proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True)
+                            text=True, env=env, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     train_log_path = work / "models" / "softmax-seed1" / "train.log"
     # fairseq logs "Saved checkpoint" once checkpoint_last.pt is completely written.
     deadline = time.time() + 600
