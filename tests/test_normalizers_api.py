@@ -1,5 +1,7 @@
 """The normalizers' public API: registry, input checks, masking, dtypes, shapes."""
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -60,7 +62,7 @@ def test_bad_float_alpha_is_rejected(alpha):
 
 def test_bad_tensor_alpha_is_rejected():
     scores = torch.randn(2, 3, 4)
-    for bad in (0.9, float("nan")):
+    for bad in (0.9, float("nan"), float("inf")):
         alpha = torch.full((2, 3, 1), 1.5)
         alpha[1, 2, 0] = bad
         with pytest.raises(ValueError, match="alpha must be >= 1"):
@@ -257,3 +259,16 @@ def test_many_blocks_give_the_same_result(name, monkeypatch):
         p.backward(upstream)
         results.append((p.detach(), x.grad))
     torch.testing.assert_close(results[0], results[1], atol=1e-12, rtol=0)
+
+
+def test_first_alpha_entmax_call_imports_nothing_heavy():
+    """Checking alpha's shape once went through torch.broadcast_shapes, whose first call
+    imports torch's symbolic-shapes machinery: about 0.3 s in every fairseq-generate run."""
+    code = (
+        "import sys, torch\n"
+        "from fairseq_entmax.normalizers import alpha_entmax\n"
+        "alpha_entmax(torch.randn(2, 8, 3, 5), torch.full((1, 8, 1, 1), 1.3))\n"
+        "print('torch.fx.experimental.symbolic_shapes' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
