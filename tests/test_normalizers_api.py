@@ -252,7 +252,8 @@ def test_many_blocks_give_the_same_result(name, monkeypatch):
     scores[3, 3, :] = float("-inf")
     upstream = torch.randn(5, 7, 9, dtype=torch.float64)
     results = []
-    for block_elements in (1 << 18, 2 * 9):  # one block; blocks of 2 rows (35 rows: 18 blocks)
+    # one block; blocks of 2 rows (35 rows: 18 blocks), or of 8 for the wide-block maps (5 blocks)
+    for block_elements in (1 << 18, 2 * 9):
         monkeypatch.setattr(common, "BLOCK_ELEMENTS", block_elements)
         x = scores.clone().requires_grad_()
         p = fn(x)

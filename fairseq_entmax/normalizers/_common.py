@@ -18,6 +18,13 @@ _UPCAST = (torch.float16, torch.bfloat16)
 # and every operation is a kernel launch: blocks are as large as GPU_BLOCK_ELEMENTS.
 BLOCK_ELEMENTS = 1 << 18
 GPU_BLOCK_ELEMENTS = 1 << 24
+# sparsemax and entmax15 make cheap passes over a block, between which a few dozen
+# operations on per-row values cost as much as the passes themselves; with 2 threads the
+# passes are shared and those operations are not. Blocks WIDE_BLOCK_SCALE times larger
+# amortise them: measured 5-35% faster for both maps at every shape of
+# benchmarks/normalizers.py and on attention scores captured from training, 2 threads;
+# equal or faster with 1. alpha_entmax's pow-heavy passes, and top-k, are faster at 2**18.
+WIDE_BLOCK_SCALE = 4
 
 
 def check_scores(scores, dim, name):
@@ -54,20 +61,21 @@ def from_rows(rows, moved_shape, dim):
     return rows.view(moved_shape).movedim(-1, dim)
 
 
-def row_blocks(num_rows, d, device):
-    """(start, stop) of consecutive blocks of rows of about BLOCK_ELEMENTS elements."""
-    elements = BLOCK_ELEMENTS if device.type == "cpu" else GPU_BLOCK_ELEMENTS
+def row_blocks(num_rows, d, device, block_scale=1):
+    """(start, stop) of consecutive blocks of rows of about block_scale * BLOCK_ELEMENTS
+    elements on CPU, GPU_BLOCK_ELEMENTS on a GPU."""
+    elements = block_scale * BLOCK_ELEMENTS if device.type == "cpu" else GPU_BLOCK_ELEMENTS
     step = max(1, elements // max(d, 1))
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
-def blocks_and_scratch(rows, num_scratch):
+def blocks_and_scratch(rows, num_scratch, block_scale=1):
     """The row blocks of a (num_rows, d) tensor and the scratch buffers a block needs, in the
     compute dtype: num_scratch of them, plus one to compute a block in when rows is
     half precision (cast is then True and the result is copied back in rows' dtype)."""
     num_rows, d = rows.shape
     work_dtype = compute_dtype(rows.dtype)
-    blocks = row_blocks(num_rows, d, rows.device)
+    blocks = row_blocks(num_rows, d, rows.device, block_scale)
     block_rows = blocks[0][1] - blocks[0][0]
     cast = work_dtype != rows.dtype
     scratch = [
@@ -99,7 +107,7 @@ def shift_rows(x, z):
     return valid
 
 
-def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
+def map_rows(scores, dim, kernel, row_params=(), num_scratch=1, block_scale=1):
     """Apply `kernel(x_block, out_block, *param_blocks, *scratch)` to blocks of rows.
 
     x_block is a (m, d) block of the scores in their own dtype; out_block (m, d) in the
@@ -109,7 +117,7 @@ def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
     """
     x, moved_shape = as_rows(scores, dim)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    blocks, scratch, cast, _ = blocks_and_scratch(x, num_scratch)
+    blocks, scratch, cast, _ = blocks_and_scratch(x, num_scratch, block_scale)
     for start, stop in blocks:
         buffers = [buffer[: stop - start] for buffer in scratch]
         out_block = buffers.pop() if cast else out[start:stop]
@@ -119,7 +127,9 @@ def map_rows(scores, dim, kernel, row_params=(), num_scratch=1):
     return from_rows(out, moved_shape, dim)
 
 
-def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_result=False):
+def map_rows_backward(
+    out, grad, dim, kernel, row_params=(), num_scratch=1, row_result=False, block_scale=1
+):
     """Blockwise VJP: `kernel(p_block, g_block, grad_block, *param_blocks, *scratch)`.
 
     p_block and g_block come in the compute dtype; grad_block receives the gradient of the
@@ -130,7 +140,7 @@ def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_
     p, moved_shape = as_rows(out, dim)
     g, _ = as_rows(grad, dim)
     grad_scores = torch.empty(p.shape, dtype=p.dtype, device=p.device)
-    blocks, scratch, cast, work_dtype = blocks_and_scratch(p, num_scratch)
+    blocks, scratch, cast, work_dtype = blocks_and_scratch(p, num_scratch, block_scale)
     row_values = []
     for start, stop in blocks:
         buffers = [buffer[: stop - start] for buffer in scratch]
@@ -166,11 +176,15 @@ def sparse_map_backward(g, s, grad_out):
     return skewed_mean
 
 
-def output_only_forward(ctx, scores, dim, kernel, num_scratch=1):
+def output_only_forward(ctx, scores, dim, kernel, num_scratch=1, block_scale=1):
     """Forward of an autograd Function whose row kernel computes the map and whose backward
     needs only the output: saves just that."""
     ctx.dim = dim
-    out = scores.clone() if scores.numel() == 0 else map_rows(scores, dim, kernel, num_scratch=num_scratch)
+    ctx.block_scale = block_scale
+    out = (
+        scores.clone() if scores.numel() == 0
+        else map_rows(scores, dim, kernel, num_scratch=num_scratch, block_scale=block_scale)
+    )
     ctx.save_for_backward(out)
     return out
 
@@ -180,4 +194,4 @@ def output_only_backward(ctx, grad, kernel):
     (out,) = ctx.saved_tensors
     if out.numel() == 0:
         return torch.zeros_like(out)
-    return map_rows_backward(out, grad, ctx.dim, kernel)
+    return map_rows_backward(out, grad, ctx.dim, kernel, block_scale=ctx.block_scale)

@@ -2,6 +2,7 @@
 import torch
 
 from fairseq_entmax.normalizers._common import (
+    WIDE_BLOCK_SCALE,
     check_scores,
     output_only_backward,
     output_only_forward,
@@ -90,7 +91,7 @@ def entmax15_rows_backward(p, g, grad_out, s):
 class Entmax15Function(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, dim):
-        return output_only_forward(ctx, scores, dim, entmax15_rows)
+        return output_only_forward(ctx, scores, dim, entmax15_rows, block_scale=WIDE_BLOCK_SCALE)
 
     @staticmethod
     def backward(ctx, grad):

@@ -3,6 +3,7 @@ p_i = [z_i - tau]_+ with tau such that sum_i p_i = 1."""
 import torch
 
 from fairseq_entmax.normalizers._common import (
+    WIDE_BLOCK_SCALE,
     check_scores,
     output_only_backward,
     output_only_forward,
@@ -50,7 +51,7 @@ def sparsemax_rows_backward(p, g, grad_out, s):
 class SparsemaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, dim):
-        return output_only_forward(ctx, scores, dim, sparsemax_rows)
+        return output_only_forward(ctx, scores, dim, sparsemax_rows, block_scale=WIDE_BLOCK_SCALE)
 
     @staticmethod
     def backward(ctx, grad):
