@@ -139,7 +139,8 @@ def main():
     parser.add_argument("--updates", type=int, default=15, help="training updates per run")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
-    parser.add_argument("--gen-sentences", type=int, default=16)
+    parser.add_argument("--gen-sentences", type=int, default=64,
+                        help="test sentences translated per fairseq-generate run (batches of 16)")
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
