@@ -119,16 +119,30 @@ def peak_memory(fn, scores, alpha_logits, upstream, device):
     return (_rss_kib("VmHWM") - before) * 1024
 
 
-def benchmark_shape(shape, rounds, device, measure_memory):
+def shape_inputs(shape, device):
+    """The scores, alpha logits and upstream gradient of a shape (the same on every call)."""
     torch.manual_seed(0)
     scores = torch.randn(*shape, device=device).requires_grad_()
     upstream = torch.randn(*shape, device=device)
     alpha_logits = torch.randn(HEADS, device=device).requires_grad_()
-    entries = []  # (name, which, fn)
+    return scores, alpha_logits, upstream
+
+
+def method_entries():
+    """(name, "ours" or "package", fn) for every timed function."""
+    entries = []
     for name, ours, package in methods():
         entries.append((name, "ours", ours))
         if package is not None:
             entries.append((name, "package", package))
+    return entries
+
+
+def time_shape(shape, rounds, device):
+    """Median forward+backward milliseconds per method, and our max abs difference to the
+    package per map."""
+    scores, alpha_logits, upstream = shape_inputs(shape, device)
+    entries = method_entries()
     for _, _, fn in entries:  # warm-up
         forward_backward(fn, scores, alpha_logits, upstream)
     times = {(name, which): [] for name, which, _ in entries}
@@ -137,19 +151,22 @@ def benchmark_shape(shape, rounds, device, measure_memory):
             times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device))
         print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
     medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
-    memory = {}
-    if measure_memory:
-        if device.type == "cpu":
-            cpu_memory_setup()
-        for name, which, fn in entries:
-            forward_backward(fn, scores, alpha_logits, upstream)  # allocator warm-up
-            memory[(name, which)] = peak_memory(fn, scores, alpha_logits, upstream, device) / 2**20
     with torch.no_grad():
         differences = {}
         for name, ours, package in methods():
             if package is not None:
                 differences[name] = (ours(scores, alpha_logits) - package(scores, alpha_logits)).abs().max().item()
-    return medians, memory, differences
+    return medians, differences
+
+
+def memory_shape(shape, device):
+    """Peak MiB of one forward+backward per method."""
+    scores, alpha_logits, upstream = shape_inputs(shape, device)
+    memory = {}
+    for name, which, fn in method_entries():
+        forward_backward(fn, scores, alpha_logits, upstream)  # allocator warm-up
+        memory[(name, which)] = peak_memory(fn, scores, alpha_logits, upstream, device) / 2**20
+    return memory
 
 
 def machine_description(device):
@@ -228,9 +245,16 @@ def main():
             parser.error(f"shape {shape}: give batch*heads x queries x keys with batch*heads a multiple of {HEADS}")
     if entmax_package is None:
         print("note: the entmax package is not installed; package columns are empty", file=sys.stderr)
-    results = {}
-    for shape in shapes:
-        results[shape] = benchmark_shape(shape, args.rounds, device, not args.no_memory)
+    timings = {shape: time_shape(shape, args.rounds, device) for shape in shapes}
+    # Memory is measured after every timing: on CPU it changes how the C allocator serves
+    # large blocks for the rest of the process (cpu_memory_setup), which would slow the
+    # timing of whatever allocates large temporaries.
+    memory = {}
+    if not args.no_memory:
+        if device.type == "cpu":
+            cpu_memory_setup()
+        memory = {shape: memory_shape(shape, device) for shape in shapes}
+    results = {shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()}
     print(f"machine: {machine_description(device)}")
     print(f"command: python {' '.join(sys.argv)}")
     print(f"forward+backward, float32, median of {args.rounds} rounds; ratios < 1 mean ours is faster")

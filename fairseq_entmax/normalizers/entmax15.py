@@ -37,7 +37,8 @@ def entmax15_rows(x, out, r):
     for _ in range(_MAX_PASSES):
         torch.sub(z, tau, out=r).clamp_min_(0.0)
         s1 = r.sum(dim=-1, keepdim=True)
-        s2 = torch.linalg.vecdot(r, r).unsqueeze(-1)
+        # (vecdot(r, r) would allocate r * r: a block-sized temporary at every pass)
+        s2 = torch.linalg.vector_norm(r, dim=-1, keepdim=True).square_()
         # (F - 1) / -F' with F = sqrt(s2) and F' = -s1 / F; s1 > 0, as the row max (z = 0)
         # stays in the support while tau < 0.
         step = (s2 - s2.sqrt()).div_(s1)
