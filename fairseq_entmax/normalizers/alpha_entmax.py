@@ -84,8 +84,8 @@ class _NewtonOnNorm:
         if self.mask_zeros:
             self.q.masked_fill_(self.r == 0, 0.0)
         s1 = self.q.sum(dim=-1, keepdim=True)  # sum r^(n-1)
-        # sum r^n, the product written into scratch: vecdot(q, r) would allocate it, a
-        # block-sized temporary at every pass (several times slower on CPU).
+        # sum r^n, the product written into scratch: vecdot(q, r) would allocate a
+        # block-sized temporary at every pass.
         total = torch.mul(self.q, self.r, out=self.rq).sum(dim=-1, keepdim=True)
         # (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
         return total, (total - total.pow(self.one_minus_am1)).div_(s1)
