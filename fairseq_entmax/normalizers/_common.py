@@ -28,6 +28,10 @@ GPU_BLOCK_ELEMENTS = 1 << 24
 # to +14%). alpha_entmax's pow-heavy passes, and top-k, are faster at 2**18.
 WIDE_BLOCK_SCALE = 4
 
+# entmax15 and alpha_entmax stop their Newton search on tau (which lies in [-1, 0]) once
+# every row's step is at most this; what is left of the error is of order step^2.
+NEWTON_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+
 
 def check_scores(scores, dim, name):
     """Raise a clear error unless `scores` is a floating tensor and `dim` one of its dims."""

@@ -9,6 +9,7 @@ import numbers
 import torch
 
 from fairseq_entmax.normalizers._common import (
+    NEWTON_TOLERANCE,
     check_scores,
     compute_dtype,
     map_rows,
@@ -20,10 +21,9 @@ from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
 from fairseq_entmax.normalizers.sparsemax import sparsemax
 
-# The threshold search stops once every row's Newton step on tau (which lies in [-1, 0])
-# is at most this; p is then corrected to first order for that last step, which leaves an
-# error of order step^2. _MAX_PASSES only bounds a pathological case.
-_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+# The threshold search stops once every row's Newton step is at most NEWTON_TOLERANCE; p is
+# then corrected to first order for that last step, which leaves an error of order step^2.
+# _MAX_PASSES only bounds a pathological case.
 _MAX_PASSES = 64
 
 
@@ -38,7 +38,7 @@ def alpha_entmax_rows(x, out, am1, r, q, rq):
     nearly linearly far from it (F is exactly linear while one entry is in the support) and
     quadratically near it; 4 to 7 passes for attention rows. For alpha > 2 that guarantee
     is lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
-    The search stops when every Newton step is below _TOLERANCE; p is then computed at
+    The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum.
     """
     is_softmax = am1 == 0
@@ -75,7 +75,7 @@ class _NewtonOnNorm:
         self.one_minus_am1 = 1.0 - am1
         # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
         self.mask_zeros = bool((self.exponent <= 0).any())
-        self.tolerance = _TOLERANCE[z.dtype]
+        self.tolerance = NEWTON_TOLERANCE[z.dtype]
 
     def total_and_step(self, tau):
         """sum_i r_i^n (= sum p) and the Newton step (F - 1) / -F' at tau."""

@@ -2,6 +2,7 @@
 import torch
 
 from fairseq_entmax.normalizers._common import (
+    NEWTON_TOLERANCE,
     WIDE_BLOCK_SCALE,
     check_scores,
     output_only_backward,
@@ -10,9 +11,7 @@ from fairseq_entmax.normalizers._common import (
     sparse_map_backward,
 )
 
-# The search stops once every row's Newton step on tau (which lies in [-1, 0]) is at most
-# this; the error left in tau is of order step^2. _MAX_PASSES only bounds a pathological case.
-_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+# Only bounds a pathological case: the search stops at NEWTON_TOLERANCE.
 _MAX_PASSES = 64
 
 
@@ -26,14 +25,15 @@ def entmax15_rows(x, out, r):
     near it convergence is quadratic (3 to 6 passes on attention rows). Each pass is two
     elementwise operations and two row sums over the block, and a handful on one value per
     row: that handful is what a decoding step, a few short rows, mostly costs. The search
-    stops when every step is below _TOLERANCE; p is computed at tau + step and renormalised.
+    stops when every step is below NEWTON_TOLERANCE; p is computed at tau + step and
+    renormalised.
     """
     valid = shift_rows(x, out)
     # tau >= max / 2 - 1 = -1, so entries with z / 2 < -1 never enter the support: clamping
     # them to -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(0.5).clamp_min_(-2.0)
     tau = z.new_full((z.shape[0], 1), -1.0)
-    tolerance = _TOLERANCE[z.dtype]
+    tolerance = NEWTON_TOLERANCE[z.dtype]
     for _ in range(_MAX_PASSES):
         torch.sub(z, tau, out=r).clamp_min_(0.0)
         s1 = r.sum(dim=-1, keepdim=True)
