@@ -164,7 +164,7 @@ def main():
                 save_dir = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
                 wps, rss = train(data_bin, save_dir, [a.format(**setting) for a in model_args], setting, device_args, args.updates)
-                # A generation of 16 sentences is short: repeat it and keep the median.
+                # A generation run takes seconds, so the machine's noise weighs: repeat it, keep the median.
                 sps = statistics.median(generate(data_bin, save_dir, setting, device_args) for _ in range(args.gen_repeats))
                 for key, value in (("wps", wps), ("rss", rss), ("sps", sps)):
                     results[model][key].append(value)
