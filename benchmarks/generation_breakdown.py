@@ -1,0 +1,108 @@
+"""Where fairseq-generate's time goes: the time spent in the attention normalizers, per
+attention type, against the whole run.
+
+Each checkpoint (a model of this package) is run through fairseq-generate in a process of its
+own, with SparseMultiheadAttention.normalize timed at every call. Reported per checkpoint:
+the run's wall time, the time inside the normalizers and its share, and the mean time of one
+call for encoder self-attention, decoder self-attention and cross attention. The same
+generation settings as benchmarks/training.py (beam 5, batches of 16, output forced to a
+fixed length) make the runs comparable; a softmax checkpoint of this package gives the floor.
+On a GPU every timed call is synchronised, which slows the run a little.
+
+    python benchmarks/training.py --settings long-small --rounds 1 --work-dir /tmp/ls
+    python benchmarks/generation_breakdown.py /tmp/ls/long-small/bin \
+        --path /tmp/ls/long-small/*_r0/checkpoint_last.pt --len 60
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import fairseq_entmax
+from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES, SparseMultiheadAttention
+
+USER_DIR = str(Path(fairseq_entmax.__file__).resolve().parent)
+
+
+def measure(data_bin, checkpoint, length, device):
+    """Run fairseq-generate here with the normalizers timed; return the figures as a dict."""
+    from fairseq_cli import generate
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    calls = {kind: [] for kind in ATTENTION_TYPES}
+    normalizers = set()
+    untimed_normalize = SparseMultiheadAttention.normalize
+
+    def timed_normalize(self, scores):
+        sync()
+        start = time.perf_counter()
+        probs = untimed_normalize(self, scores)
+        sync()
+        calls[self.attention_type].append(time.perf_counter() - start)
+        normalizers.add(self.normalizer_name)
+        return probs
+
+    SparseMultiheadAttention.normalize = timed_normalize
+    sys.argv = [
+        "fairseq-generate", str(data_bin), "--user-dir", USER_DIR, "--path", str(checkpoint),
+        "--gen-subset", "test", "--beam", "5", "--batch-size", "16", "--quiet",
+        "--min-len", str(length), "--max-len-a", "0", "--max-len-b", str(length),
+    ] + (["--cpu"] if device == "cpu" else [])
+    start = time.perf_counter()
+    generate.cli_main()
+    wall = time.perf_counter() - start
+    return {
+        "checkpoint": str(checkpoint),
+        "normalizers": sorted(normalizers),
+        "wall_s": wall,
+        "normalize_s": sum(sum(times) for times in calls.values()),
+        "ms_per_call": {kind: 1e3 * sum(t) / len(t) if t else None for kind, t in calls.items()},
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data_bin", type=Path, help="binarized data with a test split")
+    parser.add_argument("--path", type=Path, nargs="+", required=True,
+                        help="checkpoints of adaptively_sparse_transformer / explicit_sparse_transformer models")
+    parser.add_argument("--len", type=int, default=60, help="output length every hypothesis is forced to")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(measure(args.data_bin, args.path[0], args.len, args.device)))
+        return
+    missing = [str(path) for path in args.path if not path.is_file()]
+    if missing:
+        sys.exit(f"checkpoint not found: {', '.join(missing)}")
+
+    print("| checkpoint | normalizer | generate s | in normalizers s | share | "
+          + " | ".join(f"{kind} ms/call" for kind in ATTENTION_TYPES) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(ATTENTION_TYPES))
+    for checkpoint in args.path:
+        # One process per checkpoint, so that no run inherits another's warm caches.
+        done = subprocess.run(
+            [sys.executable, __file__, str(args.data_bin), "--path", str(checkpoint), "--len", str(args.len),
+             "--device", args.device, "--worker"],
+            capture_output=True, text=True,
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            sys.exit(f"fairseq-generate failed on {checkpoint}:\n{done.stderr[-3000:]}")
+        result = json.loads(lines[-1][len("RESULT "):])
+        if not result["normalizers"]:
+            sys.exit(f"{checkpoint}: no SparseMultiheadAttention was called; pass checkpoints of this package's models")
+        per_call = " | ".join(
+            "-" if result["ms_per_call"][kind] is None else f"{result['ms_per_call'][kind]:.2f}"
+            for kind in ATTENTION_TYPES
+        )
+        print(f"| {checkpoint.parent.name} | {', '.join(result['normalizers'])} | {result['wall_s']:.2f} | "
+              f"{result['normalize_s']:.2f} | {result['normalize_s'] / result['wall_s']:.0%} | {per_call} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
