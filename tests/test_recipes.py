@@ -170,9 +170,12 @@ def test_kftt_prepare_reads_the_official_archive_layout(tmp_path):
     downloads.mkdir()
     files = {}
     for split in ("train", "dev", "test"):
+        # The tokenized copies, of the same names, come first in the archive: the recipe
+        # must read data/orig wherever it is.
+        files[f"kftt-data-1.0/data/tok/kyoto-{split}.ja"] = "トークン 化 さ れ た 囮 。\n"
+        files[f"kftt-data-1.0/data/tok/kyoto-{split}.en"] = "a tokenized decoy .\n"
         files[f"kftt-data-1.0/data/orig/kyoto-{split}.ja"] = f"{split}の文。\n二行目\u2028です。\n"
         files[f"kftt-data-1.0/data/orig/kyoto-{split}.en"] = f"A {split} sentence.\nLine two.\n"
-        files[f"kftt-data-1.0/data/tok/kyoto-{split}.en"] = "a tokenized decoy .\n"
     _tar_gz(downloads / "kftt-data-1.0.tar.gz", files)
     url, name = tasks.TASKS["kftt"].downloads[0]
     assert tasks.download(url, downloads / name) == downloads / name  # present: no network needed
@@ -182,6 +185,18 @@ def test_kftt_prepare_reads_the_official_archive_layout(tmp_path):
     assert pipeline.read_lines(out / "train.ja") == ["trainの文。", "二行目\u2028です。"]
     counts = pipeline.check_parallel_corpus({s: (out / f"{s}.ja", out / f"{s}.en") for s in ("train", "valid", "test")})
     assert counts == {"train": 2, "valid": 2, "test": 2}
+
+
+def test_an_archive_with_two_files_of_the_asked_name_is_refused(tmp_path):
+    """Reading whichever comes first could train on the wrong text: the recipe says so instead."""
+    sys.path.insert(0, str(REPO / "examples" / "translation"))
+    import tasks
+
+    archive = tmp_path / "corpus.tgz"
+    _tar_gz(archive, {"corpus/a/train.en": "one\n", "corpus/b/train.en": "two\n"})
+    with pytest.raises(pipeline.PipelineError, match="several files ending in train.en"):
+        tasks._member_lines(archive, "train.en")
+    assert tasks._member_lines(archive, "b/train.en") == ["two"]
 
 
 def test_iwslt17_prepare_drops_talk_metadata_lines(tmp_path):

@@ -79,21 +79,27 @@ def download(url, dest):
     return dest
 
 
-def _member_lines(archive, basename):
-    """Lines of the file called `basename` inside a .tgz/.tar.gz/.zip archive."""
+def _member_lines(archive, tail):
+    """Lines of the one file inside a .tgz/.tar.gz/.zip archive whose path ends with `tail`
+    (a file name, or the folders above it too where the archive holds several files of that
+    name, as KFTT's data/orig and data/tok do)."""
     archive = Path(archive)
+
+    def matching(names):
+        found = [n for n in names if n == tail or n.endswith("/" + tail)]
+        if not found:
+            raise PipelineError(f"{archive} has no file {tail}: is the download complete? Delete it and rerun.")
+        if len(found) > 1:
+            raise PipelineError(f"{archive} has several files ending in {tail} ({', '.join(found)}): "
+                                "the recipe cannot tell which to read")
+        return found[0]
+
     if archive.suffix == ".zip":
         with zipfile.ZipFile(archive) as z:
-            names = [n for n in z.namelist() if Path(n).name == basename]
-            if not names:
-                raise PipelineError(f"{archive} has no file {basename}: is the download complete? Delete it and rerun.")
-            data = z.read(names[0])
+            data = z.read(matching(z.namelist()))
     else:
         with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if Path(m.name).name == basename]
-            if not members:
-                raise PipelineError(f"{archive} has no file {basename}: is the download complete? Delete it and rerun.")
-            data = tar.extractfile(members[0]).read()
+            data = tar.extractfile(matching(tar.getnames())).read()
     # Split on "\n" only: some corpora hold \r or Unicode line separators inside sentences.
     text = data.decode("utf-8", errors="replace")
     return [line.replace("\r", " ") for line in text.split("\n")[:-1 if text.endswith("\n") else None]]
@@ -141,7 +147,8 @@ def prepare_kftt(downloads, out_dir, src, tgt):
     archive = downloads / "kftt-data-1.0.tar.gz"
     for split, name in (("train", "train"), ("valid", "dev"), ("test", "test")):
         for lang in ("ja", "en"):
-            _write(out_dir, split, lang, _member_lines(archive, f"kyoto-{name}.{lang}"))
+            # data/tok holds tokenized files of the same names: the recipe tokenizes itself.
+            _write(out_dir, split, lang, _member_lines(archive, f"data/orig/kyoto-{name}.{lang}"))
 
 
 def prepare_wmt16_ro_en(downloads, out_dir, src, tgt):
