@@ -1,5 +1,5 @@
 """The plugin through fairseq's own commands, as a user runs them: fairseq-train for every
-normalizer, fairseq-generate (beam 4, BLEU, --print-alignment), fairseq-interactive,
+normalizer, fairseq-generate (beam 4, BLEU, --print-alignment, --fp16), fairseq-interactive,
 fairseq-validate, resuming a killed training, TensorBoard logging of every head's alpha."""
 import argparse
 import json
@@ -78,6 +78,35 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
         # Zeros, as the normalizer gave them. (fairseq prints 6 decimals, so a peaked
         # softmax can print 0.000000 too: test_fairseq_attention checks exact zeros.)
         assert 0.0 in weights
+
+
+def generated(output):
+    """{sentence id: hypothesis} and every positional score from fairseq-generate's output."""
+    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", output, flags=re.M))
+    scores = [float(s) for row in re.findall(r"^P-\d+\t(.*)$", output, flags=re.M) for s in row.split()]
+    return hypotheses, scores
+
+
+@pytest.mark.parametrize("normalizer", NORMALIZER_NAMES)
+def test_generate_in_half_precision(trained_model, normalizer):
+    """fairseq-generate --fp16 (the model in float16; the normalizers compute in float32 and
+    return float16) translates as the float32 model does."""
+    model = trained_model(normalizer)
+    command = [
+        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
+        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
+    ]
+    full_hypotheses, full_scores = generated(run(command).stdout)
+    half = run(command + ["--fp16"])
+    half_hypotheses, half_scores = generated(half.stdout)
+    assert len(half_hypotheses) == 40
+    assert half_scores != full_scores, "the same scores to the last digit: was the model in float16?"
+    assert half_scores and all(math.isfinite(s) for s in half_scores)
+    assert bleu_unigram_precision(half.stdout + half.stderr) > 20.0
+    # Rounding in float16 may tip a close beam decision (measured: 36-40 of 40 the same, by
+    # normalizer); a broken half-precision path would change most of them.
+    same = sum(half_hypotheses[i] == full_hypotheses[i] for i in full_hypotheses)
+    assert same >= 30, f"only {same} of 40 hypotheses are those of the float32 model"
 
 
 def test_learned_alpha_is_in_the_training_log(trained_model):
