@@ -159,3 +159,4 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     assert "tok:none" in rows[0]["bleu_tok_signature"]
     assert (work / "tok" / "train.src").exists(), "the user's corpus was not Moses-tokenised"
     assert "| softmax " in resumed.stdout
+    assert "| tok BLEU |" in (work / "results.md").read_text(), "no tokenized BLEU column in the table"
