@@ -37,7 +37,7 @@ SRC, TGT = "de", "en"
 # alike): about 1.5 CPU-hours per model, 12 for the 8 models. "short": what fits a
 # session on 2 cores: 3+3 layers of width 128, 2048-token batches (more updates for the same
 # work, and a higher learning rate, suit a model this small), 1600 updates (about 5 epochs);
-# measured 17-20 minutes of training per model with two runs side by side, 80 minutes for
+# measured 16.6-19.9 minutes of training per model with two runs side by side, 80 minutes for
 # the 8 models. "tiny": the same stages in minutes,
 # to check the script.
 BUDGETS = {
