@@ -19,14 +19,18 @@ import re
 import numpy as np
 import torch
 
-# numpy's function that rebuilds a pickled array (numpy.core / numpy._core by version).
+# numpy's function that rebuilds a pickled array: numpy._core.multiarray._reconstruct in
+# numpy 2, numpy.core.multiarray._reconstruct in numpy 1, the name a checkpoint saved under
+# numpy 1 refers to.
 _NUMPY_ARRAY_REBUILDER = np.ndarray.__reduce__(np.zeros(0))[0]
+_NUMPY_1_ARRAY_REBUILDER_NAME = "numpy.core.multiarray._reconstruct"
 
 FAIRSEQ_CHECKPOINT_GLOBALS = [
     argparse.Namespace,
     np.ndarray,
     np.dtype,
     _NUMPY_ARRAY_REBUILDER,
+    (_NUMPY_ARRAY_REBUILDER, _NUMPY_1_ARRAY_REBUILDER_NAME),
     # numpy >= 1.25 pickles a dtype through its class; these are the dtypes of the
     # arrays fairseq's metrics hold (counts and sums).
     *(type(np.dtype(t)) for t in (np.bool_, np.int32, np.int64, np.float32, np.float64)),

@@ -4,7 +4,9 @@ nothing of it runs."""
 import os
 import subprocess
 import sys
+import zipfile
 
+import numpy as np
 import torch
 
 from helpers import USER_DIR, fairseq_command, run
@@ -40,6 +42,30 @@ def test_checkpoint_with_code_payload_is_refused_and_nothing_runs(trained_model,
     # The payload is live: the unsafe loader the refusal protects from would run it.
     torch.load(malicious, weights_only=False)
     assert marker.exists()
+
+
+def test_checkpoint_saved_under_numpy_1_loads(trained_model, tmp_path):
+    """numpy 1 pickles an array through numpy.core.multiarray._reconstruct, numpy 2 through
+    numpy._core: a model trained with --eval-bleu under numpy 1 holds the former."""
+    model = trained_model("softmax")
+    state = torch.load(model.checkpoint, weights_only=True)
+    state["extra_state"]["metrics"] = {"valid": {"_bleu_counts_0": np.array([7, 5, 3, 1])}}
+    saved = tmp_path / "numpy2.pt"
+    torch.save(state, saved)
+    numpy1 = tmp_path / "checkpoint_numpy1.pt"
+    with zipfile.ZipFile(saved) as source, zipfile.ZipFile(numpy1, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("data.pkl"):
+                assert b"numpy._core.multiarray" in data
+                data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+            target.writestr(item, data)
+
+    proc = run([
+        fairseq_command("fairseq-generate"), model.data_bin, "--path", numpy1,
+        "--user-dir", USER_DIR, "--cpu", "--beam", "2",
+    ])
+    assert "Translated 40 sentences" in proc.stdout + proc.stderr
 
 
 def test_hub_interface_translates_with_our_user_dir(trained_model, tiny_data):
