@@ -55,3 +55,17 @@ def test_fairseqs_parser_rejects_each_bad_value(tmp_path, capsys, option, value,
     assert f"argument {option}:" in error
     assert unquoted(allowed) in unquoted(error)
     assert repr(value) in error or value in error
+
+
+def test_alpha_init_outside_the_alpha_clamp_is_refused(tiny_data):
+    """A head that starts outside the clamp sits at the bound, where the clamp passes no
+    gradient: its alpha would never be learned. Both options are fine alone, so the check
+    comes when the model is built."""
+    proc = run([
+        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
+        "--arch", "adaptively_sparse_transformer", "--cpu", "--max-update", "1", "--max-tokens", "200",
+        "--alpha-clamp", "1.01,1.2", "--alpha-init", "1.3",
+    ], check=False)
+    assert proc.returncode != 0
+    assert "--alpha-init 1.3 is outside --alpha-clamp 1.01,1.2" in proc.stderr
+    assert "[1.01, 1.2]" in proc.stderr and "| epoch" not in proc.stdout

@@ -174,6 +174,15 @@ def validate_sparse_attention_args(args):
             args.topk_fraction = parse_topk_fraction(args.topk_fraction)
     except argparse.ArgumentTypeError as error:
         raise ValueError(f"invalid sparse attention option: {error}") from None
+    low, high = args.alpha_clamp
+    if args.alpha_init != "random" and not low <= args.alpha_init <= high:
+        # Outside the clamp, alpha is the bound and the clamp passes no gradient: every head
+        # would keep that alpha for the whole training.
+        raise ValueError(
+            f"--alpha-init {args.alpha_init} is outside --alpha-clamp {low},{high}: every head "
+            f"would start at the bound and never learn its alpha; choose an --alpha-init in "
+            f"[{low}, {high}]"
+        )
 
 
 # ---------------------------------------------------------------------------------------
