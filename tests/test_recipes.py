@@ -65,6 +65,18 @@ def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     assert (work / "data-bin" / "preprocess.done").stat().st_mtime == stamp
 
 
+@needs_shared_data
+def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
+    """The models in the work dir were trained for 200 updates: a run asking for 7 stops
+    with the reason instead of reporting them as 7-update models."""
+    work, _ = iwslt_smoke
+    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--max-update", "7"],
+               check=False, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "max_update: 200 then, 7 now" in proc.stderr and "another --work-dir" in proc.stderr
+    assert "training (" not in proc.stdout and "Traceback" not in proc.stderr
+
+
 def _write_corpus(directory, lines=None, skip=()):
     directory.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):
@@ -241,3 +253,64 @@ def test_complete_checkpoint_last_is_left_alone(tmp_path):
     pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
 
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
+
+
+def _fake_tool_run(calls, write_output):
+    """A stand-in for pipeline.run_logged that records each command and writes its output."""
+    def run_logged(args, log_path, **kwargs):
+        calls.append(args)
+        write_output(args, len(calls))
+    return run_logged
+
+
+def test_translations_of_a_changed_checkpoint_are_made_again(tmp_path, monkeypatch):
+    def write_output(args, count):
+        results = Path(args[args.index("--results-path") + 1])
+        (results / "generate-test.txt").write_text(f"H-0\t-0.1\ttranslation {count}\n")
+
+    calls = []
+    monkeypatch.setattr(pipeline, "run_logged", _fake_tool_run(calls, write_output))
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    checkpoint.write_bytes(b"the first model")
+    out = tmp_path / "eval"
+    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
+    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
+    assert len(calls) == 1, "the finished translation was not reused"
+    checkpoint.write_bytes(b"a model trained again")  # e.g. its folder deleted and retrained
+    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 2"]
+    assert pipeline.generate("data-bin", checkpoint, "test", out, beam=2) == ["translation 3"]
+
+
+def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch):
+    """A second seed's models, though named as the first's, get their own analysis."""
+    def write_output(args, count):
+        out = Path(args[args.index("--output-dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [a for i, a in enumerate(args) if args[i - 1] == "--path"]
+        models = [{"name": "softmax", "path": str(p), "density": [{"attention": "cross", "fraction": count / 10}],
+                   "alpha": []} for p in paths]
+        (out / "analysis.json").write_text(json.dumps({"models": models}))
+
+    calls = []
+    monkeypatch.setattr(pipeline, "run_logged", _fake_tool_run(calls, write_output))
+    seed1, seed2 = tmp_path / "softmax-seed1.pt", tmp_path / "softmax-seed2.pt"
+    seed1.write_bytes(b"seed 1")
+    seed2.write_bytes(b"seed 2")
+    out = tmp_path / "analysis"
+    first = pipeline.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
+    again = pipeline.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
+    assert first == again and len(calls) == 1
+    other = pipeline.analyze("data-bin", {"softmax": seed2}, "test", out, tmp_path / "analysis.log")
+    assert len(calls) == 2 and other["softmax"]["density"]["cross"] == pytest.approx(0.2)
+
+
+def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
+    """An interrupt can leave the dictionaries in the destination, which fairseq-preprocess
+    then refuses to overwrite."""
+    text = _write_corpus(tmp_path / "text")
+    data_bin = tmp_path / "data-bin"
+    data_bin.mkdir()
+    (data_bin / "dict.de.txt").write_text("ein 1\n")
+    pipeline.binarize(text, "de", "en", data_bin, tmp_path / "preprocess.log")
+    assert (data_bin / "train.de-en.de.bin").exists()
+    assert "Satz 2" in (data_bin / "dict.de.txt").read_text()

@@ -2,8 +2,11 @@
 
 Stages write their outputs under one work directory and leave a `<stage>.done` marker when
 they finish, so a second run skips what is finished; fairseq-train itself resumes from
-checkpoint_last.pt. Problems the user can fix raise PipelineError, whose message says what
-is wrong and what to do; the scripts print it and exit with status 2.
+checkpoint_last.pt. A marker records the settings its stage ran with: data and models made
+with other settings are refused rather than reused (the table would not be what it says),
+and translations or analyses of a checkpoint that has changed are made again. Problems the
+user can fix raise PipelineError, whose message says what is wrong and what to do; the
+scripts print it and exit with status 2.
 """
 import json
 import math
@@ -15,7 +18,7 @@ import sys
 import time
 import zipfile
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -64,13 +67,37 @@ def is_done(marker):
     return Path(marker).exists()
 
 
-def mark_done(marker, info=None):
+def mark_done(marker, info=None, settings=None):
+    """Write the marker, with what the stage reports (info) and the settings it ran with."""
     Path(marker).parent.mkdir(parents=True, exist_ok=True)
-    Path(marker).write_text(json.dumps(info or {}) + "\n")
+    record = dict(info or {}, **({"settings": settings} if settings is not None else {}))
+    Path(marker).write_text(json.dumps(record) + "\n")
 
 
 def read_done(marker):
     return json.loads(Path(marker).read_text())
+
+
+def done_with(marker, settings, what):
+    """Whether the stage behind `marker` is done. Done with other settings (a JSON-able dict)
+    raises PipelineError naming what changed: its outputs are not what this run asks for."""
+    if not is_done(marker):
+        return False
+    recorded = read_done(marker).get("settings")
+    settings = json.loads(json.dumps(settings))  # tuples as lists, as the marker holds them
+    if recorded is not None and recorded != settings:
+        changed = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"
+                            for key in sorted(recorded.keys() | settings.keys())
+                            if recorded.get(key) != settings.get(key))
+        raise PipelineError(f"{what} in {Path(marker).parent} was made with other settings ({changed}): "
+                            "use another --work-dir, or delete that folder to make it again")
+    return True
+
+
+def fingerprint(path):
+    """Path, size and modification time of a file: what tells a checkpoint from its successor."""
+    stat = Path(path).stat()
+    return {"path": str(path), "size": stat.st_size, "modified_ns": stat.st_mtime_ns}
 
 
 def run_logged(args, log_path, show=None, env=None):
@@ -250,6 +277,9 @@ def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
 
 
 def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
+    # fairseq-preprocess refuses a destination that holds a dictionary already, which an
+    # interrupted run leaves behind: start from an empty folder.
+    shutil.rmtree(dest_dir, ignore_errors=True)
     run_logged([
         tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
         "--trainpref", Path(text_dir) / "train", "--validpref", Path(text_dir) / "valid",
@@ -351,11 +381,15 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     save_dir = Path(save_dir)
     done, time_file = save_dir / "train.done", save_dir / "train_seconds.txt"
     label = label or variant
+    # Recorded when training starts, so that a resumed run is checked too.
+    started, run_settings = save_dir / "train.started", {"variant": variant, "seed": seed, **asdict(settings)}
+    done_with(started, run_settings, f"the {variant} model (seed {seed})")
     if is_done(done):
         seconds = read_done(done)["seconds"]
         log(f"{label}: already trained ({seconds:.0f} s), skipping")
         return seconds
     save_dir.mkdir(parents=True, exist_ok=True)
+    mark_done(started, settings=run_settings)
     _repair_interrupted_checkpoint_last(save_dir, label)
     if (save_dir / "checkpoint_last.pt").exists():
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
@@ -474,9 +508,12 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     corpus order. max_len=(a, b) caps a translation at a * source length + b tokens (fairseq's
     default is 200 tokens, which a barely trained model may spend on every sentence)."""
     out_dir = Path(out_dir)
-    hyp_path = out_dir / f"{subset}.hyp"
-    if hyp_path.exists():
-        return read_lines(hyp_path)
+    hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
+    made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
+    if hyp_path.exists() and is_done(marker):
+        if read_done(marker).get("settings") == json.loads(json.dumps(made_with)):
+            return read_lines(hyp_path)
+        log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
     log(f"{label}: translating {subset} (beam {beam})")
     out_dir.mkdir(parents=True, exist_ok=True)
     args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
@@ -500,6 +537,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
         raise RuntimeError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
     ordered = [hypotheses[i] for i in range(len(hypotheses))]
     hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
+    mark_done(marker, settings=made_with)
     return ordered
 
 
@@ -538,10 +576,12 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         log("fairseq-entmax-analyze is not installed: no attention density, alphas or figures")
         return None
     out_dir = Path(out_dir)
-    report = out_dir / "analysis.json"
-    # Reuse an earlier analysis only if it covers exactly these models.
-    if report.exists() and sorted(m["name"] for m in json.loads(report.read_text())["models"]) != sorted(checkpoints):
-        report.unlink()
+    report, marker = out_dir / "analysis.json", out_dir / "analysis.done"
+    # Reuse an earlier analysis only if it was made of exactly these checkpoints, unchanged.
+    made_with = {"subset": subset, "num_sentences": num_sentences,
+                 "models": {label: fingerprint(path) for label, path in checkpoints.items()}}
+    if not (report.exists() and is_done(marker) and read_done(marker).get("settings") == json.loads(json.dumps(made_with))):
+        report.unlink(missing_ok=True)
     if not report.exists():
         log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
         args = [command, data_bin, "--user-dir", user_dir(), "--subset", subset, "--output-dir", out_dir]
@@ -550,6 +590,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         if num_sentences:
             args += ["--num-sentences", num_sentences]
         run_logged(args, log_path)
+        mark_done(marker, settings=made_with)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
     summary = {}
     for label in checkpoints:
@@ -574,15 +615,17 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
     fairseq-preprocess, each step skipped when done. Returns (tokenised text dir, data-bin)."""
     work = Path(work)
     text_dir = work / "tok" if tokenize else Path(raw_dir)
-    if tokenize and not is_done(text_dir / "tokenize.done"):
+    corpus = {"raw_dir": str(Path(raw_dir).resolve()), "src": src, "tgt": tgt}
+    if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
         log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
         text_dir.mkdir(parents=True, exist_ok=True)
         for split in SPLITS:
             for lang in (src, tgt):
                 tokenize_file(Path(raw_dir) / f"{split}.{lang}", text_dir / f"{split}.{lang}", lang, workers=workers)
-        mark_done(text_dir / "tokenize.done")
+        mark_done(text_dir / "tokenize.done", settings=corpus)
     bpe_dir = work / "bpe"
-    if not is_done(bpe_dir / "bpe.done"):
+    bpe_settings = {**corpus, "tokenized": tokenize, "merges": bpe_merges, "clean": clean}
+    if not done_with(bpe_dir / "bpe.done", bpe_settings, "the BPE-segmented corpus"):
         log(f"bpe: learning {bpe_merges} joint merges (subword-nmt)")
         bpe_dir.mkdir(parents=True, exist_ok=True)
         codes = bpe_dir / "codes"
@@ -596,12 +639,12 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
             rule = f"empty, > {clean[0]} tokens" + (f" or length ratio > {clean[1]}" if clean[1] else "")
             log(f"bpe: {kept} training pairs kept, {dropped} dropped ({rule})")
             info = {"kept": kept, "dropped": dropped}
-        mark_done(bpe_dir / "bpe.done", info)
+        mark_done(bpe_dir / "bpe.done", info, settings=bpe_settings)
     data_bin = work / "data-bin"
-    if not is_done(data_bin / "preprocess.done"):
+    if not done_with(data_bin / "preprocess.done", bpe_settings, "the binarized data"):
         log("binarize: fairseq-preprocess")
         binarize(bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers)
-        mark_done(data_bin / "preprocess.done")
+        mark_done(data_bin / "preprocess.done", settings=bpe_settings)
     return text_dir, data_bin
 
 

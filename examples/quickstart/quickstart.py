@@ -42,8 +42,8 @@ def parse_args(argv=None):
                         "raw text, one sentence per line (default: the generated toy pair)")
     parser.add_argument("--src", help="source language code (file suffix), with --data")
     parser.add_argument("--tgt", help="target language code (file suffix), with --data")
-    parser.add_argument("--work-dir", type=Path, help="where everything is written (default: runs/quickstart "
-                        "or runs/quickstart-<data folder name>)")
+    parser.add_argument("--work-dir", type=Path, help="where everything is written (default: runs/quickstart, or "
+                        "runs/quickstart-<data folder name>-<src>-<tgt> for your corpus; -tiny added with --tiny)")
     parser.add_argument("--models", nargs="+", default=list(pipeline.VARIANTS), choices=pipeline.VARIANTS,
                         help="attention variants to train (default: all four)")
     parser.add_argument("--max-update", type=int, help="training updates per model (default: %d)" % SIZES["demo"]["max_update"])
@@ -72,8 +72,9 @@ def run(args):
     if args.bpe_merges:
         size["bpe_merges"] = args.bpe_merges
     own_corpus = args.data is not None
-    work = args.work_dir or EXAMPLES.parent / "runs" / ("quickstart-" + args.data.resolve().name if own_corpus else "quickstart")
-    work = work.resolve()
+    # One default folder per corpus, direction and size: a run never finds another's models.
+    name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
+    work = (args.work_dir or EXAMPLES.parent / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
     started = time.time()
 
     # 1. Corpus, checked before anything long starts.

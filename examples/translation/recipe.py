@@ -121,7 +121,8 @@ def run(args):
 
     # analyze
     if not args.skip_analysis:
-        analysis = pipeline.analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log",
+        analysis = pipeline.analyze(data_bin, checkpoints, "test", work / f"analysis-seed{args.seed}",
+                                    work / f"analysis-seed{args.seed}.log",
                                     num_sentences=args.analysis_sentences or (100 if args.smoke else 500))
         for row in rows:
             row.update((analysis or {}).get(row["model"], {}))
