@@ -3,6 +3,7 @@ no path around the normalizer in the state fairseq-generate uses, incremental de
 beam search equal to the full forward, softmax equal to fairseq's own transformer, learned
 alpha, the choice of normalizer per attention type."""
 import argparse
+import math
 import subprocess
 import sys
 
@@ -319,6 +320,44 @@ def test_topk_fraction_keeps_a_share_of_the_keys():
         x = torch.randn(length, 3, 16)
         _, weights = attention(x, x, x, need_head_weights=True)
         assert ((weights > 0).sum(-1) == kept).all(), length
+
+
+def test_topk_fraction_decodes_incrementally_as_in_training():
+    """k counts the keys each query sees: in training the causal mask hides the future, in
+    incremental decoding the future is not there yet; both give the same k."""
+    torch.manual_seed(0)
+    attention = SparseMultiheadAttention(
+        16, 2, attention_type="decoder_self", normalizer_name="topk",
+        topk_fraction=0.3, topk_min=1, self_attention=True,
+    ).eval()
+    length = 12
+    x = torch.randn(length, 3, 16)
+    future = torch.triu(torch.full((length, length), float("-inf")), 1)
+    full, full_weights = attention(x, x, x, attn_mask=future, need_head_weights=True)
+    incremental_state = {}
+    for t in range(length):
+        step, step_weights = attention(x[t : t + 1], x[t : t + 1], x[t : t + 1],
+                                       incremental_state=incremental_state, need_head_weights=True)
+        torch.testing.assert_close(step[0], full[t], atol=1e-5, rtol=0)
+        kept = (step_weights > 0).sum(-1)
+        assert (kept == max(1, math.ceil(0.3 * (t + 1)))).all(), t
+        torch.testing.assert_close(step_weights[..., 0, :], full_weights[..., t, : t + 1], atol=1e-6, rtol=0)
+
+
+def test_topk_fraction_does_not_depend_on_the_batchs_padding():
+    """A sentence gets the same attention alone and left-padded in a batch with a longer one."""
+    torch.manual_seed(0)
+    attention = SparseMultiheadAttention(
+        16, 2, attention_type="encoder_self", normalizer_name="topk",
+        topk_fraction=0.3, topk_min=1, self_attention=True,
+    ).eval()
+    sentence = torch.randn(7, 1, 16)
+    alone, _ = attention(sentence, sentence, sentence)
+    # 11 keys in the batch: counting padding, k would be ceil(0.3 * 11) = 4, not 3.
+    padded = torch.cat([torch.randn(4, 1, 16), sentence])
+    padding = torch.tensor([[True] * 4 + [False] * 7])
+    batched, _ = attention(padded, padded, padded, key_padding_mask=padding)
+    torch.testing.assert_close(batched[4:], alone, atol=1e-5, rtol=0)
 
 
 def test_without_fairseq_only_the_normalizers_import():

@@ -15,6 +15,7 @@ from fairseq_entmax.normalizers import (
     sparsemax,
     topk_softmax,
 )
+from normalizer_references import topk_softmax_reference
 
 # Every normalizer as fn(scores, dim), with the extra argument fixed; alpha_entmax twice:
 # a float alpha without a closed form, and a tensor alpha (one per row of a 3-D input).
@@ -229,6 +230,42 @@ def test_float_alpha_with_closed_form_uses_exact_map():
     assert torch.equal(alpha_entmax(scores, 1), softmax(scores))
     assert torch.equal(alpha_entmax(scores, 1.5), entmax15(scores))
     assert torch.equal(alpha_entmax(scores, 2.0), sparsemax(scores))
+
+
+def test_topk_with_one_k_per_row_against_the_reference():
+    """k as a tensor: each row keeps its own number of keys (float64, masked entries, a k
+    beyond the row length, k along another dim), forward and gradient."""
+    torch.manual_seed(0)
+    scores = torch.randn(2, 3, 6, dtype=torch.float64)
+    scores[0, 1, :4] = float("-inf")
+    k = torch.tensor([[1], [2], [7]]).expand(2, 3, 1)
+    expected = torch.stack([
+        torch.stack([torch.from_numpy(topk_softmax_reference(scores[b, r].numpy(), int(k[b, r, 0])))
+                     for r in range(3)]) for b in range(2)])
+    p = topk_softmax(scores, k)
+    torch.testing.assert_close(p, expected, atol=1e-12, rtol=0)
+    # Each row as a call with its own int k: the same values and gradients.
+    upstream = torch.randn_like(scores)
+    leaf = scores.clone().requires_grad_()
+    topk_softmax(leaf, k).backward(upstream)
+    for b in range(2):
+        for r in range(3):
+            row = scores[b, r].clone().requires_grad_()
+            topk_softmax(row, int(k[b, r, 0])).backward(upstream[b, r])
+            torch.testing.assert_close(leaf.grad[b, r], row.grad, atol=1e-12, rtol=0)
+    transposed = topk_softmax(scores.transpose(1, 2), k.transpose(1, 2), dim=1)
+    torch.testing.assert_close(transposed, expected.transpose(1, 2), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("k, message", [
+    (torch.tensor([[2], [0]]), "k contains 0"),
+    (torch.tensor([[2.0], [1.0]]), "dtype"),
+    (torch.tensor([2, 3, 4]), "does not fit"),
+    (torch.tensor([[[2]], [[3]]]), "does not fit"),
+])
+def test_bad_k_tensor_is_rejected(k, message):
+    with pytest.raises(ValueError, match=message):
+        topk_softmax(torch.randn(2, 5), k)
 
 
 def test_topk_keeps_ties_and_large_k_is_softmax():

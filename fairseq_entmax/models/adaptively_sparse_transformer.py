@@ -133,8 +133,9 @@ def add_sparse_attention_args(parser):
     )
     parser.add_argument(
         "--topk-fraction", type=parse_topk_fraction, metavar="F",
-        help="top-k attention: keep max(--topk-min, ceil(F * number of keys)) keys instead "
-        "of a fixed --topk; F in (0, 1]",
+        help="top-k attention: keep max(--topk-min, ceil(F * n)) keys instead of a fixed "
+        "--topk, n the number of keys the query sees (padding and future positions not "
+        "counted); F in (0, 1]",
     )
     parser.add_argument(
         "--topk-min", type=parse_topk, metavar="K",

@@ -22,15 +22,17 @@ def alpha_logit_for(alpha):
     return math.log(p / (1.0 - p))
 
 
-def topk_for_key_length(key_len, topk, topk_fraction, topk_min):
-    """Number of keys top-k attention keeps per query.
-
-    A fixed `topk`, or with `topk_fraction` F: max(topk_min, ceil(F * key_len)), where
-    key_len is the number of keys of the attention call (padding included).
+def keys_kept_per_query(scores, topk, topk_fraction, topk_min):
+    """Number of keys top-k attention keeps per query: a fixed `topk`, or with `topk_fraction`
+    F, max(topk_min, ceil(F * n)) for each query, n the number of keys it can see (scores
+    not -inf: padding and future positions excluded). Counting what each query sees makes k
+    the same in training and in incremental decoding, and independent of the batch's padding.
     """
     if topk_fraction is None:
         return topk
-    return max(topk_min, math.ceil(topk_fraction * key_len))
+    visible = (scores > float("-inf")).sum(dim=-1, keepdim=True)
+    # In float64, as math.ceil(F * n) would compute it.
+    return torch.ceil(visible.double() * topk_fraction).long().clamp_(min=topk_min)
 
 
 class SparseMultiheadAttention(MultiheadAttention):
@@ -125,7 +127,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             alpha = self.head_alpha().to(scores.dtype).view(1, self.num_heads, 1, 1)
             return alpha_entmax(per_head, alpha, dim=-1).view_as(scores)
         if self.normalizer_name == "topk":
-            k = topk_for_key_length(scores.size(-1), self.topk, self.topk_fraction, self.topk_min)
+            k = keys_kept_per_query(scores, self.topk, self.topk_fraction, self.topk_min)
             return self._normalizer(scores, k, dim=-1)
         return self._normalizer(scores, dim=-1)
 

@@ -4,18 +4,26 @@ import numbers
 
 import torch
 
-from fairseq_entmax.normalizers._common import check_scores, output_only_forward, shift_rows
+from fairseq_entmax.normalizers._common import as_rows, check_scores, map_rows, shift_rows
 from fairseq_entmax.normalizers.softmax import SoftmaxFunction
 
 
 def topk_softmax_rows(x, out, k):
-    """Softmax over the entries >= the k-th largest of each row of x (ties kept), 0 elsewhere."""
+    """Softmax over the entries >= the k-th largest of each row of x (ties kept), 0 elsewhere.
+    k: a python int, or a (rows, 1) integer tensor with each row's k."""
     valid = shift_rows(x, out)
-    if k < x.shape[1]:
-        kth_largest = torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
-        dropped = x < kth_largest
+    d = x.shape[1]
+    if torch.is_tensor(k):
+        k = k.clamp(max=d)
+        # Each row's k-th largest, from the sorted max(k) largest of every row.
+        largest = torch.topk(x, int(k.max()), dim=-1, sorted=True).values
+        dropped = x < largest.gather(-1, k - 1)
+    elif k < d:
+        dropped = x < torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    else:
+        dropped = None
     out.exp_()
-    if k < x.shape[1]:
+    if dropped is not None:
         out.masked_fill_(dropped, 0.0)
     out.div_(out.sum(dim=-1, keepdim=True))
     if valid is not None:
@@ -25,7 +33,17 @@ def topk_softmax_rows(x, out, k):
 class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, k, dim):
-        return output_only_forward(ctx, scores, dim, functools.partial(topk_softmax_rows, k=k), num_scratch=0)
+        """k: a python int, or an integer tensor of scores' shape but 1 along dim."""
+        ctx.dim = dim
+        if scores.numel() == 0:
+            out = scores.clone()
+        elif torch.is_tensor(k):
+            k_rows, _ = as_rows(k, dim)
+            out = map_rows(scores, dim, topk_softmax_rows, row_params=(k_rows,), num_scratch=0)
+        else:
+            out = map_rows(scores, dim, functools.partial(topk_softmax_rows, k=k), num_scratch=0)
+        ctx.save_for_backward(out)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -38,10 +56,28 @@ def topk_softmax(scores, k, dim=-1):
     """Keep the entries >= the k-th largest score of each row along `dim` (ties are kept),
     give the others weight 0 and gradient 0, and take the softmax over the kept ones.
 
-    k is a python int >= 1; k >= the row length gives plain softmax. -inf scores get weight
+    k is a python int >= 1, the same for every row, or an integer tensor of values >= 1
+    broadcastable to scores with size 1 along dim: one k per row (e.g. a share of each
+    query's unmasked keys). k >= the row length gives plain softmax. -inf scores get weight
     0; an all -inf row gives zeros. float16/bfloat16 are computed in float32.
     """
     check_scores(scores, dim, "topk_softmax")
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+    allowed = ("k must be an integer >= 1 (keys kept per row), or an integer tensor of such values "
+               "broadcastable to scores with size 1 along dim")
+    if torch.is_tensor(k):
+        if k.is_floating_point() or k.is_complex() or k.dtype == torch.bool:
+            raise ValueError(f"topk_softmax: got k of dtype {k.dtype}; {allowed}")
+        shape = list(scores.shape)
+        shape[dim] = 1
+        try:
+            k = k.to(device=scores.device, dtype=torch.long).expand(shape)
+        except RuntimeError:
+            raise ValueError(f"topk_softmax: k of shape {tuple(k.shape)} does not fit scores of shape "
+                             f"{tuple(scores.shape)} with dim={dim}; {allowed}") from None
+        if k.numel() and int(k.min()) < 1:
+            raise ValueError(f"topk_softmax: k contains {int(k.min())}; {allowed}")
+    elif isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"topk_softmax: k must be an integer >= 1 (keys kept per row), got {k!r}")
-    return TopkSoftmaxFunction.apply(scores, int(k), dim)
+    else:
+        k = int(k)
+    return TopkSoftmaxFunction.apply(scores, k, dim)
