@@ -314,3 +314,12 @@ def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
     pipeline.binarize(text, "de", "en", data_bin, tmp_path / "preprocess.log")
     assert (data_bin / "train.de-en.de.bin").exists()
     assert "Satz 2" in (data_bin / "dict.de.txt").read_text()
+
+
+def test_a_failing_tool_is_reported_with_its_log_and_exit_status_1(tmp_path, capsys):
+    log_path = tmp_path / "tool.log"
+    failing_tool = [sys.executable, "-c", "import sys; print('out of memory'); sys.exit(3)"]
+    status = pipeline.run_reporting_errors(lambda args: pipeline.run_logged(failing_tool, log_path), None)
+    error = capsys.readouterr().err
+    assert status == 1
+    assert "failed (exit 3)" in error and "out of memory" in error and str(log_path) in error

@@ -32,13 +32,21 @@ class PipelineError(Exception):
     """A problem with the user's input or set-up; the message says what to do."""
 
 
+class ToolError(RuntimeError):
+    """A tool (fairseq, subword-nmt) failed; the message holds the end of its log."""
+
+
 def run_reporting_errors(run, args):
-    """Run a script's stages; a PipelineError becomes its message on stderr and exit status 2."""
+    """Run a script's stages. A PipelineError becomes its message on stderr and exit status
+    2, a ToolError its message (with the tool's log) and exit status 1."""
     try:
         run(args)
     except PipelineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except ToolError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -129,7 +137,7 @@ def run_logged(args, log_path, show=None, env=None):
             raise
     if returncode != 0:
         tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-25:])
-        raise RuntimeError(f"{Path(args[0]).name} failed (exit {returncode}); full log in {log_path}; last lines:\n{tail}")
+        raise ToolError(f"{Path(args[0]).name} failed (exit {returncode}); full log in {log_path}; last lines:\n{tail}")
 
 
 # --------------------------------------------------------------------------- corpus checks
@@ -534,7 +542,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
             hypotheses[int(key[2:])] = text[0] if text else ""
     missing = sorted(set(range(max(hypotheses, default=-1) + 1)) - set(hypotheses))
     if missing:
-        raise RuntimeError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
+        raise ToolError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
     ordered = [hypotheses[i] for i in range(len(hypotheses))]
     hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
     mark_done(marker, settings=made_with)
@@ -548,7 +556,7 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses_tok) != len(references_tok):
-        raise RuntimeError(f"{len(hypotheses_tok)} translations for {len(references_tok)} references")
+        raise ToolError(f"{len(hypotheses_tok)} translations for {len(references_tok)} references")
     detokenized = detokenize_lines(hypotheses_tok, tgt_lang) if tokenized_bleu else hypotheses_tok
     bleu, chrf = BLEU(), CHRF()
     result = {

@@ -120,7 +120,7 @@ def _sacrebleu_set(test_set, src, tgt, out_dir, split):
     try:
         source = get_source_file(test_set, pair)
         reference = get_reference_files(test_set, pair)[0]
-    except Exception as error:  # sacrebleu exits or raises on network errors
+    except (Exception, SystemExit) as error:  # sacrebleu raises, or calls sys.exit, on network or checksum errors
         raise PipelineError(f"could not get {test_set} {pair} through sacrebleu ({error}). Offline? "
                             "Give --raw-dir DIR with plain text train/valid/test.{src,tgt}.") from None
     shutil.copyfile(source, Path(out_dir) / f"{split}.{src}")
