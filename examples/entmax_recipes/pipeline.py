@@ -623,7 +623,11 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
     fairseq-preprocess, each step skipped when done. Returns (tokenised text dir, data-bin)."""
     work = Path(work)
     text_dir = work / "tok" if tokenize else Path(raw_dir)
-    corpus = {"raw_dir": str(Path(raw_dir).resolve()), "src": src, "tgt": tgt}
+    # The corpus by its folder, relative to the work dir when inside it (a moved work dir
+    # still matches its markers).
+    raw = Path(raw_dir).resolve()
+    inside = raw.is_relative_to(work.resolve())
+    corpus = {"raw_dir": str(raw.relative_to(work.resolve()) if inside else raw), "src": src, "tgt": tgt}
     if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
         log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
         text_dir.mkdir(parents=True, exist_ok=True)
