@@ -310,12 +310,17 @@ def test_architectures_have_fairseqs_sizes_and_their_default_attention(tiny_data
     assert ours["topk"] == 8 and ours["alpha_init"] == "random" and tuple(ours["alpha_clamp"]) == (1.01, 2.0)
 
 
-def test_topk_fraction_keeps_a_share_of_the_keys():
+def topk_fraction_attention(attention_type, fraction, minimum):
+    """Self-attention (width 16, 2 heads) with top-k keeping a share of the keys, eval mode."""
     torch.manual_seed(0)
-    attention = SparseMultiheadAttention(
-        16, 2, attention_type="encoder_self", normalizer_name="topk",
-        topk_fraction=0.25, topk_min=2, self_attention=True,
+    return SparseMultiheadAttention(
+        16, 2, attention_type=attention_type, normalizer_name="topk",
+        topk_fraction=fraction, topk_min=minimum, self_attention=True,
     ).eval()
+
+
+def test_topk_fraction_keeps_a_share_of_the_keys():
+    attention = topk_fraction_attention("encoder_self", 0.25, 2)
     for length, kept in ((4, 2), (12, 3), (20, 5)):  # max(2, ceil(0.25 * length))
         x = torch.randn(length, 3, 16)
         _, weights = attention(x, x, x, need_head_weights=True)
@@ -325,11 +330,7 @@ def test_topk_fraction_keeps_a_share_of_the_keys():
 def test_topk_fraction_decodes_incrementally_as_in_training():
     """k counts the keys each query sees: in training the causal mask hides the future, in
     incremental decoding the future is not there yet; both give the same k."""
-    torch.manual_seed(0)
-    attention = SparseMultiheadAttention(
-        16, 2, attention_type="decoder_self", normalizer_name="topk",
-        topk_fraction=0.3, topk_min=1, self_attention=True,
-    ).eval()
+    attention = topk_fraction_attention("decoder_self", 0.3, 1)
     length = 12
     x = torch.randn(length, 3, 16)
     future = torch.triu(torch.full((length, length), float("-inf")), 1)
@@ -346,11 +347,7 @@ def test_topk_fraction_decodes_incrementally_as_in_training():
 
 def test_topk_fraction_does_not_depend_on_the_batchs_padding():
     """A sentence gets the same attention alone and left-padded in a batch with a longer one."""
-    torch.manual_seed(0)
-    attention = SparseMultiheadAttention(
-        16, 2, attention_type="encoder_self", normalizer_name="topk",
-        topk_fraction=0.3, topk_min=1, self_attention=True,
-    ).eval()
+    attention = topk_fraction_attention("encoder_self", 0.3, 1)
     sentence = torch.randn(7, 1, 16)
     alone, _ = attention(sentence, sentence, sentence)
     # 11 keys in the batch: counting padding, k would be ceil(0.3 * 11) = 4, not 3.
