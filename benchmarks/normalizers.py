@@ -18,6 +18,7 @@ Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -42,12 +43,17 @@ def learned_alpha(logits, batch_heads):
     return alpha.repeat(batch_heads // HEADS).view(batch_heads, 1, 1)
 
 
+def torch_softmax(x, alpha_logits):
+    return torch.softmax(x, -1)
+
+
 def methods():
-    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs."""
+    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs.
+    torch.softmax is one function, timed once, in both of its places."""
     pkg = entmax_package
     return [
-        ("torch.softmax", lambda x, a: torch.softmax(x, -1), None),
-        ("softmax", lambda x, a: softmax(x, -1), lambda x, a: torch.softmax(x, -1)),
+        ("torch.softmax", torch_softmax, None),
+        ("softmax", lambda x, a: softmax(x, -1), torch_softmax),
         ("sparsemax", lambda x, a: sparsemax(x, -1), pkg and (lambda x, a: pkg.sparsemax(x, -1))),
         ("entmax15", lambda x, a: entmax15(x, -1), pkg and (lambda x, a: pkg.entmax15(x, -1))),
         (
@@ -88,21 +94,30 @@ def _rss_kib(field):
 
 def cpu_memory_setup():
     """Make the resident set size follow live tensors: glibc serves every block over
-    64 KiB by mmap and returns it on free (it would otherwise keep freed heap pages)."""
+    64 KiB by mmap and returns it on free (it would otherwise keep freed heap pages).
+    Returns a function that hands the free heap memory already held back to the system,
+    which the settings alone do not (memory freed after the timing phase would otherwise
+    be reused unseen)."""
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6")
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc.mallopt(m_mmap_threshold, 64 * 1024)
     libc.mallopt(m_trim_threshold, 128 * 1024)
+    return lambda: libc.malloc_trim(0)
 
 
-def peak_memory(fn, scores, alpha_logits, upstream, device):
-    """Peak bytes held during one forward+backward beyond what was held before it.
+def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=None):
+    """Peak bytes held during one forward+backward beyond what was held before it: the
+    output, the gradient of the scores and every temporary.
 
     CUDA: torch.cuda.max_memory_allocated. CPU: the peak resident set size (VmHWM, reset
-    through /proc/self/clear_refs) minus the resident size before the call.
+    through /proc/self/clear_refs) minus the resident size before the call, after the free
+    heap memory is handed back (release_free_memory, from cpu_memory_setup).
     """
+    # The gradient of the previous call is freed first, so the new one is counted.
+    scores.grad = None
+    alpha_logits.grad = None
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -110,8 +125,7 @@ def peak_memory(fn, scores, alpha_logits, upstream, device):
         forward_backward(fn, scores, alpha_logits, upstream)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base
-    scores.grad = None
-    alpha_logits.grad = None
+    release_free_memory()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current resident size
     before = _rss_kib("VmRSS")
@@ -129,28 +143,36 @@ def shape_inputs(shape, device):
 
 
 def method_entries():
-    """(name, "ours" or "package", fn) for every timed function."""
-    entries = []
+    """(name, "ours" or "package", fn) for every function to measure, each function once,
+    and {(name, which): key of the entry it is measured under} for every place."""
+    entries, place_of, seen = [], {}, {}
     for name, ours, package in methods():
-        entries.append((name, "ours", ours))
-        if package is not None:
-            entries.append((name, "package", package))
-    return entries
+        for which, fn in (("ours", ours), ("package", package)):
+            if fn is None:
+                continue
+            if fn not in seen:
+                seen[fn] = (name, which)
+                entries.append((name, which, fn))
+            place_of[(name, which)] = seen[fn]
+    return entries, place_of
 
 
 def time_shape(shape, rounds, device):
     """Median forward+backward milliseconds per method, and our max abs difference to the
-    package per map."""
+    package per map. Each round times every method once, in an order shuffled per round, so
+    that what one method leaves behind (caches, allocator state) does not always fall on
+    the same next one."""
     scores, alpha_logits, upstream = shape_inputs(shape, device)
-    entries = method_entries()
+    entries, place_of = method_entries()
     for _, _, fn in entries:  # warm-up
         forward_backward(fn, scores, alpha_logits, upstream)
     times = {(name, which): [] for name, which, _ in entries}
+    order = random.Random(0)
     for round_index in range(rounds):
-        for name, which, fn in entries:
+        for name, which, fn in order.sample(entries, len(entries)):
             times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device))
         print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
-    medians = {key: statistics.median(values) * 1e3 for key, values in times.items()}
+    medians = {place: statistics.median(times[key]) * 1e3 for place, key in place_of.items()}
     with torch.no_grad():
         differences = {}
         for name, ours, package in methods():
@@ -159,14 +181,15 @@ def time_shape(shape, rounds, device):
     return medians, differences
 
 
-def memory_shape(shape, device):
+def memory_shape(shape, device, release_free_memory):
     """Peak MiB of one forward+backward per method."""
     scores, alpha_logits, upstream = shape_inputs(shape, device)
-    memory = {}
-    for name, which, fn in method_entries():
+    entries, place_of = method_entries()
+    measured = {}
+    for name, which, fn in entries:
         forward_backward(fn, scores, alpha_logits, upstream)  # allocator warm-up
-        memory[(name, which)] = peak_memory(fn, scores, alpha_logits, upstream, device) / 2**20
-    return memory
+        measured[(name, which)] = peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory) / 2**20
+    return {place: measured[key] for place, key in place_of.items()}
 
 
 def machine_description(device):
@@ -251,9 +274,8 @@ def main():
     # timing of whatever allocates large temporaries.
     memory = {}
     if not args.no_memory:
-        if device.type == "cpu":
-            cpu_memory_setup()
-        memory = {shape: memory_shape(shape, device) for shape in shapes}
+        release_free_memory = cpu_memory_setup() if device.type == "cpu" else None
+        memory = {shape: memory_shape(shape, device, release_free_memory) for shape in shapes}
     results = {shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()}
     print(f"machine: {machine_description(device)}")
     print(f"command: python {' '.join(sys.argv)}")
