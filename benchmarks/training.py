@@ -11,10 +11,11 @@ Reported per model: training target words/s (fairseq's wps, first log interval d
 warm-up), peak resident memory of the training process, generation sentences/s, and the
 ratios of each to the softmax baseline (fairseq's own `transformer` architecture).
 
-Generation speed is the steady rate: fairseq-generate translates the test sentences and,
-in another run, their first quarter, and the rate is the difference in sentences over the
-difference in the times fairseq reports. What a run pays once (the first batch's one-off
-costs, which differ between fairseq's attention path and ours) cancels out.
+Generation speed is the steady rate: fairseq-generate translates the test sentences and, in
+another run, the 16 with the longest sources, which are exactly the test run's last batch
+(fairseq batches sentences sorted by length, 16 at a time here). The rate is the difference in
+sentences over the difference in the times fairseq reports: what a run pays once (the first
+batch's one-off costs, which differ between fairseq's attention path and ours) cancels out.
 
     python benchmarks/training.py                     # CPU, both settings
     python benchmarks/training.py --device cuda       # on a GPU
@@ -51,6 +52,9 @@ MODELS = {
     "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
 }
 
+# Sentences per fairseq-generate batch.
+GEN_BATCH = 16
+
 # A setting: architecture, size overrides, how many corpus lines are joined into one sentence
 # (to make sentences long, where attention weighs most), tokens per batch, generated length.
 SETTINGS = {
@@ -83,15 +87,22 @@ def run(args, log):
 
 def make_data(data_dir, work, join_lines, n_lines, n_gen):
     """Binarize n_lines of the corpus (joined join_lines at a time) for training, n_gen for
-    generation ("test") and the first quarter of those ("valid")."""
+    generation ("test") and the GEN_BATCH of those with the longest sources ("valid")."""
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
+    joined = {}
     for lang in ("de", "en"):
         lines = (data_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[: n_lines + n_gen * join_lines]
-        joined = [" ".join(lines[i:i + join_lines]) for i in range(0, len(lines), join_lines)]
-        (raw / f"train.{lang}").write_text("\n".join(joined[: -n_gen]) + "\n", encoding="utf-8")
-        (raw / f"test.{lang}").write_text("\n".join(joined[-n_gen:]) + "\n", encoding="utf-8")
-        (raw / f"valid.{lang}").write_text("\n".join(joined[-n_gen:][: max(1, n_gen // 4)]) + "\n", encoding="utf-8")
+        joined[lang] = [" ".join(lines[i:i + join_lines]) for i in range(0, len(lines), join_lines)]
+    # The generation sentences with the longest sources, ties broken as fairseq sorts them
+    # (by target length, then by position), so that they form the test run's last batch.
+    test = {lang: joined[lang][-n_gen:] for lang in joined}
+    by_length = sorted(range(n_gen), key=lambda i: (len(test["de"][i].split()), len(test["en"][i].split()), i))
+    longest = sorted(by_length[-GEN_BATCH:])
+    for lang in ("de", "en"):
+        (raw / f"train.{lang}").write_text("\n".join(joined[lang][: -n_gen]) + "\n", encoding="utf-8")
+        (raw / f"test.{lang}").write_text("\n".join(test[lang]) + "\n", encoding="utf-8")
+        (raw / f"valid.{lang}").write_text("\n".join(test[lang][i] for i in longest) + "\n", encoding="utf-8")
     run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
          "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", work / "bin",
          "--joined-dictionary", "--nwordssrc", "8000", "--workers", "2"], work / "preprocess.log")
@@ -119,13 +130,13 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
 
 
 def generate(data_bin, save_dir, setting, device_args):
-    """Steady sentences/s: the test sentences against their first quarter (see the top)."""
+    """Steady sentences/s: the test sentences against their last batch (see the top)."""
     n = setting["gen_len"]
     done = {}
     for subset in ("test", "valid"):
         text, _ = run(
             [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt",
-             "--gen-subset", subset, "--beam", "5", "--batch-size", "16",
+             "--gen-subset", subset, "--beam", "5", "--batch-size", str(GEN_BATCH),
              "--min-len", str(n), "--max-len-a", "0", "--max-len-b", str(n), *device_args],
             save_dir.parent / f"{save_dir.name}.generate-{subset}.log",
         )
@@ -152,14 +163,14 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
     parser.add_argument("--gen-sentences", type=int, default=64,
-                        help="test sentences translated (batches of 16); a quarter of them again for the steady rate")
+                        help="test sentences translated, a multiple of 16 (batches of 16); the last batch again for the steady rate")
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
-    if args.gen_sentences < 32:
-        parser.error("--gen-sentences must be at least 32 (two batches of 16 more than its quarter)")
+    if args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH:
+        parser.error(f"--gen-sentences must be a multiple of {GEN_BATCH}, at least {2 * GEN_BATCH}")
     if not (args.data / "train.de").exists():
         sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
     device_args = ["--cpu"] if args.device == "cpu" else []
