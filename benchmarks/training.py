@@ -142,8 +142,8 @@ def generate(data_bin, save_dir, setting, device_args):
         )
         match = re.search(r"Translated ([\d,]+) sentences \(.*?\) in ([\d.]+)s", text)
         done[subset] = (int(match.group(1).replace(",", "")), float(match.group(2)))
-    (all_sentences, all_seconds), (quarter_sentences, quarter_seconds) = done["test"], done["valid"]
-    return (all_sentences - quarter_sentences) / (all_seconds - quarter_seconds)
+    (all_sentences, all_seconds), (batch_sentences, batch_seconds) = done["test"], done["valid"]
+    return (all_sentences - batch_sentences) / (all_seconds - batch_seconds)
 
 
 def machine():
