@@ -182,14 +182,14 @@ def sparse_map_backward(g, s, grad_out):
     return skewed_mean
 
 
-def output_only_forward(ctx, scores, dim, kernel, num_scratch=1, block_scale=1):
+def output_only_forward(ctx, scores, dim, kernel, num_scratch=1, block_scale=1, row_params=()):
     """Forward of an autograd Function whose row kernel computes the map and whose backward
-    needs only the output: saves just that."""
+    needs only the output: saves just that. row_params as in map_rows."""
     ctx.dim = dim
     ctx.block_scale = block_scale
     out = (
         scores.clone() if scores.numel() == 0
-        else map_rows(scores, dim, kernel, num_scratch=num_scratch, block_scale=block_scale)
+        else map_rows(scores, dim, kernel, row_params, num_scratch=num_scratch, block_scale=block_scale)
     )
     ctx.save_for_backward(out)
     return out

@@ -4,7 +4,7 @@ import numbers
 
 import torch
 
-from fairseq_entmax.normalizers._common import as_rows, check_scores, map_rows, shift_rows
+from fairseq_entmax.normalizers._common import as_rows, check_scores, output_only_forward, shift_rows
 from fairseq_entmax.normalizers.softmax import SoftmaxFunction
 
 
@@ -34,16 +34,10 @@ class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, k, dim):
         """k: a python int, or an integer tensor of scores' shape but 1 along dim."""
-        ctx.dim = dim
-        if scores.numel() == 0:
-            out = scores.clone()
-        elif torch.is_tensor(k):
+        if torch.is_tensor(k):
             k_rows, _ = as_rows(k, dim)
-            out = map_rows(scores, dim, topk_softmax_rows, row_params=(k_rows,), num_scratch=0)
-        else:
-            out = map_rows(scores, dim, functools.partial(topk_softmax_rows, k=k), num_scratch=0)
-        ctx.save_for_backward(out)
-        return out
+            return output_only_forward(ctx, scores, dim, topk_softmax_rows, num_scratch=0, row_params=(k_rows,))
+        return output_only_forward(ctx, scores, dim, functools.partial(topk_softmax_rows, k=k), num_scratch=0)
 
     @staticmethod
     def backward(ctx, grad):
