@@ -86,13 +86,23 @@ def read_done(marker):
     return json.loads(Path(marker).read_text())
 
 
+def _as_recorded(settings):
+    """settings as a marker holds them (tuples become lists), to compare with a marker's."""
+    return json.loads(json.dumps(settings))
+
+
+def done_with_same_settings(marker, settings):
+    """Whether the stage behind `marker` is done with exactly these settings."""
+    return is_done(marker) and read_done(marker).get("settings") == _as_recorded(settings)
+
+
 def done_with(marker, settings, what):
     """Whether the stage behind `marker` is done. Done with other settings (a JSON-able dict)
     raises PipelineError naming what changed: its outputs are not what this run asks for."""
     if not is_done(marker):
         return False
     recorded = read_done(marker).get("settings")
-    settings = json.loads(json.dumps(settings))  # tuples as lists, as the marker holds them
+    settings = _as_recorded(settings)
     if recorded is not None and recorded != settings:
         changed = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"
                             for key in sorted(recorded.keys() | settings.keys())
@@ -518,9 +528,9 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     out_dir = Path(out_dir)
     hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
     made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
+    if hyp_path.exists() and done_with_same_settings(marker, made_with):
+        return read_lines(hyp_path)
     if hyp_path.exists() and is_done(marker):
-        if read_done(marker).get("settings") == json.loads(json.dumps(made_with)):
-            return read_lines(hyp_path)
         log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
     log(f"{label}: translating {subset} (beam {beam})")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -588,7 +598,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     # Reuse an earlier analysis only if it was made of exactly these checkpoints, unchanged.
     made_with = {"subset": subset, "num_sentences": num_sentences,
                  "models": {label: fingerprint(path) for label, path in checkpoints.items()}}
-    if not (report.exists() and is_done(marker) and read_done(marker).get("settings") == json.loads(json.dumps(made_with))):
+    if not (report.exists() and done_with_same_settings(marker, made_with)):
         report.unlink(missing_ok=True)
     if not report.exists():
         log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
@@ -625,9 +635,9 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
     text_dir = work / "tok" if tokenize else Path(raw_dir)
     # The corpus by its folder, relative to the work dir when inside it (a moved work dir
     # still matches its markers).
-    raw = Path(raw_dir).resolve()
-    inside = raw.is_relative_to(work.resolve())
-    corpus = {"raw_dir": str(raw.relative_to(work.resolve()) if inside else raw), "src": src, "tgt": tgt}
+    raw, resolved_work = Path(raw_dir).resolve(), work.resolve()
+    inside = raw.is_relative_to(resolved_work)
+    corpus = {"raw_dir": str(raw.relative_to(resolved_work) if inside else raw), "src": src, "tgt": tgt}
     if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
         log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
         text_dir.mkdir(parents=True, exist_ok=True)
