@@ -12,10 +12,13 @@ warm-up), peak resident memory of the training process, generation sentences/s, 
 ratios of each to the softmax baseline (fairseq's own `transformer` architecture).
 
 Generation speed is the steady rate: fairseq-generate translates the test sentences and, in
-another run, the 16 with the longest sources, which are exactly the test run's last batch
+another run, the 16 with the shortest sources, which are exactly the test run's first batch
 (fairseq batches sentences sorted by length, 16 at a time here). The rate is the difference in
-sentences over the difference in the times fairseq reports: what a run pays once (the first
-batch's one-off costs, which differ between fairseq's attention path and ours) cancels out.
+sentences over the difference in the times fairseq reports. What a process pays once (first
+calls, one-off set-up, which differ between fairseq's attention path and ours) is paid on the
+same first batch in both runs, so it cancels. After a round's models are trained, their
+generation runs are interleaved (A, B, C, D, A, B, ...) and the median is kept: a run takes
+seconds, and this machine's speed drifts by more than 10% from one to the next.
 
     python benchmarks/training.py                     # CPU, both settings
     python benchmarks/training.py --device cuda       # on a GPU
@@ -87,22 +90,22 @@ def run(args, log):
 
 def make_data(data_dir, work, join_lines, n_lines, n_gen):
     """Binarize n_lines of the corpus (joined join_lines at a time) for training, n_gen for
-    generation ("test") and the GEN_BATCH of those with the longest sources ("valid")."""
+    generation ("test") and the GEN_BATCH of those with the shortest sources ("valid")."""
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     joined = {}
     for lang in ("de", "en"):
         lines = (data_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[: n_lines + n_gen * join_lines]
         joined[lang] = [" ".join(lines[i:i + join_lines]) for i in range(0, len(lines), join_lines)]
-    # The generation sentences with the longest sources, ties broken as fairseq sorts them
-    # (by target length, then by position), so that they form the test run's last batch.
+    # The generation sentences with the shortest sources, ties broken as fairseq sorts them
+    # (by target length, then by position), so that they form the test run's first batch.
     test = {lang: joined[lang][-n_gen:] for lang in joined}
     by_length = sorted(range(n_gen), key=lambda i: (len(test["de"][i].split()), len(test["en"][i].split()), i))
-    longest = sorted(by_length[-GEN_BATCH:])
+    shortest = sorted(by_length[:GEN_BATCH])
     for lang in ("de", "en"):
         (raw / f"train.{lang}").write_text("\n".join(joined[lang][: -n_gen]) + "\n", encoding="utf-8")
         (raw / f"test.{lang}").write_text("\n".join(test[lang]) + "\n", encoding="utf-8")
-        (raw / f"valid.{lang}").write_text("\n".join(test[lang][i] for i in longest) + "\n", encoding="utf-8")
+        (raw / f"valid.{lang}").write_text("\n".join(test[lang][i] for i in shortest) + "\n", encoding="utf-8")
     run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
          "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", work / "bin",
          "--joined-dictionary", "--nwordssrc", "8000", "--workers", "2"], work / "preprocess.log")
@@ -130,7 +133,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
 
 
 def generate(data_bin, save_dir, setting, device_args):
-    """Steady sentences/s: the test sentences against their last batch (see the top)."""
+    """Steady sentences/s: the test sentences against their first batch (see the top)."""
     n = setting["gen_len"]
     done = {}
     for subset in ("test", "valid"):
@@ -163,8 +166,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
     parser.add_argument("--gen-sentences", type=int, default=64,
-                        help="test sentences translated, a multiple of 16 (batches of 16); the last batch again for the steady rate")
-    parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model; the median is kept")
+                        help="test sentences translated, a multiple of 16 (batches of 16); the first batch again for the steady rate")
+    parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model, interleaved across models; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
@@ -185,20 +188,26 @@ def main():
         data_bin = make_data(args.data, work, setting["join_lines"], args.lines, args.gen_sentences)
         results = {model: {"wps": [], "rss": [], "sps": []} for model in MODELS}
         for round_ in range(args.rounds):
+            save_dirs = {}
             for model, model_args in MODELS.items():
-                save_dir = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
+                save_dirs[model] = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
-                wps, rss = train(data_bin, save_dir, [a.format(**setting) for a in model_args], setting, device_args, args.updates)
-                # A generation run takes seconds, so the machine's noise weighs: repeat it, keep the median.
-                sps = statistics.median(generate(data_bin, save_dir, setting, device_args) for _ in range(args.gen_repeats))
-                for key, value in (("wps", wps), ("rss", rss), ("sps", sps)):
-                    results[model][key].append(value)
+                wps, rss = train(data_bin, save_dirs[model], [a.format(**setting) for a in model_args], setting, device_args, args.updates)
+                results[model]["wps"].append(wps)
+                results[model]["rss"].append(rss)
                 print(f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
-                      f"peak {rss:.0f} MiB, {sps:.2f} sentences/s ({time.time() - t0:.0f}s)", flush=True)
+                      f"peak {rss:.0f} MiB ({time.time() - t0:.0f}s)", flush=True)
+            for repeat in range(args.gen_repeats):
+                rates = {model: generate(data_bin, save_dir, setting, device_args) for model, save_dir in save_dirs.items()}
+                for model, sps in rates.items():
+                    results[model]["sps"].append(sps)
+                print(f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, sentences/s: "
+                      + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()), flush=True)
         median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
         base = median[next(iter(MODELS))]
         print(f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
-              f"generation beam 5 to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds\n")
+              f"generation beam 5 to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds "
+              f"(generation: of {args.rounds * args.gen_repeats} runs)\n")
         print("| model | train words/s | ratio | peak RSS MiB | ratio | generate sent/s | ratio |")
         print("|---|---|---|---|---|---|---|")
         for model, m in median.items():
