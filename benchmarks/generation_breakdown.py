@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 
-import fairseq_entmax
+from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES, SparseMultiheadAttention
 
-USER_DIR = str(Path(fairseq_entmax.__file__).resolve().parent)
 
 
 def measure(data_bin, checkpoint, length, device):

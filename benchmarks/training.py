@@ -38,9 +38,8 @@ from pathlib import Path
 
 import torch
 
-import fairseq_entmax
+from fairseq_entmax import USER_DIR
 
-USER_DIR = str(Path(fairseq_entmax.__file__).resolve().parent)
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
 

@@ -6,8 +6,13 @@ fairseq load checkpoints with torch's safe (weights_only) unpickler; without fai
 package still imports, and fairseq_entmax.modules / fairseq_entmax.models raise an
 ImportError that says how to install it.
 """
+from pathlib import Path
+
 from fairseq_entmax import normalizers  # noqa: F401
 from fairseq_entmax._fairseq_required import fairseq_available
+
+# This package's directory: what fairseq's --user-dir is given.
+USER_DIR = str(Path(__file__).resolve().parent)
 
 if fairseq_available():
     from fairseq_entmax import checkpoint_safety, models  # noqa: F401

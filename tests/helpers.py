@@ -9,9 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fairseq_entmax
+from fairseq_entmax import USER_DIR
 
-USER_DIR = str(Path(fairseq_entmax.__file__).resolve().parent)
 BIN_DIR = Path(sys.executable).parent
 
 

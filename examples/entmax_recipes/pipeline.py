@@ -63,10 +63,12 @@ def tool(name):
 
 
 def user_dir():
-    """The fairseq_entmax package directory, passed to fairseq as --user-dir."""
-    import fairseq_entmax
+    """The fairseq_entmax package directory, passed to fairseq as --user-dir. Imported here, not
+    at the top: importing fairseq_entmax imports fairseq (seconds), which the stages that only
+    check markers and settings do not need."""
+    from fairseq_entmax import USER_DIR
 
-    return str(Path(fairseq_entmax.__file__).resolve().parent)
+    return USER_DIR
 
 
 # --------------------------------------------------------------------------- stage bookkeeping

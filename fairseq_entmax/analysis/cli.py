@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from fairseq_entmax.analysis.runner import DEFAULT_USER_DIR
+from fairseq_entmax import USER_DIR
 
 
 def build_parser():
@@ -28,7 +28,7 @@ def build_parser():
                         help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
                              "values, once per --path in the same order; 'auto' (the default) reads the "
                              "--tensorboard-logdir or --log-file recorded in the checkpoint, if it still exists")
-    parser.add_argument("--user-dir", default=DEFAULT_USER_DIR,
+    parser.add_argument("--user-dir", default=USER_DIR,
                         help="fairseq --user-dir the models need (default: the installed fairseq_entmax)")
     parser.add_argument("--subset", default="valid", help="data subset to run over (default: valid)")
     parser.add_argument("--output-dir", required=True, help="where analysis.json, the tables and figures go")

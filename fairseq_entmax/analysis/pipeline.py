@@ -3,13 +3,14 @@ import logging
 from pathlib import Path
 
 from fairseq_entmax.analysis.report import write_json, write_tables
-from fairseq_entmax.analysis.runner import DEFAULT_USER_DIR, analyse_checkpoint, model_name
+from fairseq_entmax import USER_DIR
+from fairseq_entmax.analysis.runner import analyse_checkpoint, model_name
 
 logger = logging.getLogger(__name__)
 
 
 def analyze(
-    paths, data, output_dir, subset="valid", user_dir=DEFAULT_USER_DIR, names=None, train_logs=None,
+    paths, data, output_dir, subset="valid", user_dir=USER_DIR, names=None, train_logs=None,
     num_sentences=None, max_tokens=4000, batch_size=None, sentence_id=0, positional_threshold=0.9,
     bpe_threshold=0.5, device=None, figures=True, progress=True,
 ):

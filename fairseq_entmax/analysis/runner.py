@@ -11,16 +11,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fairseq_entmax import USER_DIR
 from fairseq_entmax.analysis.capture import attention_sites, capture_attention
 from fairseq_entmax.analysis.metrics import HeadStatistics
 from fairseq_entmax.analysis.training_log import read_trajectories
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_USER_DIR = str(Path(__file__).resolve().parent.parent)
 
-
-def load_checkpoint(path, data, user_dir=DEFAULT_USER_DIR):
+def load_checkpoint(path, data, user_dir=USER_DIR):
     """(model, cfg, task) of one checkpoint, with its task reading `data`."""
     from fairseq import checkpoint_utils, utils
 
@@ -88,7 +87,7 @@ def model_name(path, taken):
 
 
 def analyse_checkpoint(
-    path, data, subset="valid", user_dir=DEFAULT_USER_DIR, name=None, num_sentences=None,
+    path, data, subset="valid", user_dir=USER_DIR, name=None, num_sentences=None,
     max_tokens=4000, batch_size=None, sentence_id=0, train_log=None, positional_threshold=0.9,
     bpe_threshold=0.5, device=None, progress=True,
 ):
