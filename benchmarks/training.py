@@ -58,10 +58,11 @@ MODELS = {
 GEN_BATCH = 16
 
 # A setting: architecture, size overrides, how many corpus lines are joined into one sentence
-# (to make sentences long, where attention weighs most), tokens per batch, generated length.
+# (to make sentences long, where attention weighs most), tokens per batch, generated length,
+# sentences translated (enough that a run's time is seconds: fairseq reports it to 0.1 s).
 SETTINGS = {
     "paper-size": dict(
-        base_arch="transformer", size=[], join_lines=1, max_tokens=4096, gen_len=30,
+        base_arch="transformer", size=[], join_lines=1, max_tokens=4096, gen_len=30, gen_sentences=64,
         about="Transformer base as in the paper (6+6 layers, d=512, 8 heads), TED sentences",
     ),
     "long-small": dict(
@@ -70,7 +71,7 @@ SETTINGS = {
               "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
               "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "8",
               "--decoder-attention-heads", "8"],
-        join_lines=8, max_tokens=4096, gen_len=60,
+        join_lines=8, max_tokens=4096, gen_len=60, gen_sentences=160,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
 }
@@ -164,14 +165,15 @@ def main():
     parser.add_argument("--updates", type=int, default=15, help="training updates per run")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
-    parser.add_argument("--gen-sentences", type=int, default=64,
-                        help="test sentences translated, a multiple of 16 (batches of 16); the first batch again for the steady rate")
+    parser.add_argument("--gen-sentences", type=int,
+                        help="test sentences translated, a multiple of 16 (batches of 16); the first batch again for "
+                             "the steady rate (default: the setting's, 64 for paper-size, 160 for long-small)")
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model, interleaved across models; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
     args = parser.parse_args()
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
-    if args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH:
+    if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):
         parser.error(f"--gen-sentences must be a multiple of {GEN_BATCH}, at least {2 * GEN_BATCH}")
     if not (args.data / "train.de").exists():
         sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
@@ -184,7 +186,8 @@ def main():
     for name in args.settings:
         setting = SETTINGS[name]
         work = work_root / name
-        data_bin = make_data(args.data, work, setting["join_lines"], args.lines, args.gen_sentences)
+        n_gen = args.gen_sentences or setting["gen_sentences"]
+        data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
         results = {model: {"wps": [], "rss": [], "sps": []} for model in MODELS}
         for round_ in range(args.rounds):
             save_dirs = {}
@@ -205,7 +208,7 @@ def main():
         median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
         base = median[next(iter(MODELS))]
         print(f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
-              f"generation beam 5 to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds "
+              f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds "
               f"(generation: of {args.rounds * args.gen_repeats} runs)\n")
         print("| model | train words/s | ratio | peak RSS MiB | ratio | generate sent/s | ratio |")
         print("|---|---|---|---|---|---|---|")
