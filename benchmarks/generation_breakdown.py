@@ -26,7 +26,6 @@ from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES, SparseMultiheadAttention
 
 
-
 def measure(data_bin, checkpoint, length, device):
     """Run fairseq-generate here with the normalizers timed; return the figures as a dict."""
     from fairseq_cli import generate
