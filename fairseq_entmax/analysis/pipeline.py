@@ -2,8 +2,8 @@
 import logging
 from pathlib import Path
 
-from fairseq_entmax.analysis.report import write_json, write_tables
 from fairseq_entmax import USER_DIR
+from fairseq_entmax.analysis.report import write_json, write_tables
 from fairseq_entmax.analysis.runner import analyse_checkpoint, model_name
 
 logger = logging.getLogger(__name__)
