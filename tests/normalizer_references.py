@@ -45,29 +45,38 @@ def entmax15_reference(row):
 
 
 def alpha_entmax_reference(row, alpha, iterations=200):
-    """alpha-entmax of a 1-D float64 array by plain bisection on tau (to float64 precision)."""
+    """alpha-entmax of a 1-D float64 array by plain bisection (to float64 precision).
+
+    p_i = [(alpha-1) z_i - tau]_+^(1/(alpha-1)) is evaluated, with tau = (alpha-1) t - 1, as
+    exp(log1p(u_i) / (alpha-1)), u_i = (alpha-1) (z_i - t), bisecting on t: the same map
+    without rounding (alpha-1) z - tau near 1, which the power amplifies as alpha -> 1.
+    """
     z = np.asarray(row, dtype=np.float64)
     finite = np.isfinite(z)
     out = np.zeros_like(z)
     if not finite.any():
         return out
+    shifted = z[finite] - z[finite].max()
     if alpha == 1:
-        e = np.exp(z[finite] - z[finite].max())
+        e = np.exp(shifted)
         out[finite] = e / e.sum()
         return out
-    scaled = (alpha - 1) * (z[finite] - z[finite].max())
+    am1 = alpha - 1
 
-    def mass(tau):
-        return (np.maximum(scaled - tau, 0) ** (1 / (alpha - 1))).sum()
+    def unnormalised(t):
+        u = am1 * (shifted - t)
+        with np.errstate(divide="ignore"):  # log1p(-1) = -inf gives p = 0
+            return np.where(u > -1, np.exp(np.log1p(np.maximum(u, -1.0)) / am1), 0.0)
 
-    lo, hi = -1.0, 0.0
+    # At t = 0 the row max has p = 1 (total >= 1); at t = 1 / am1 every u <= -1 (total 0).
+    lo, hi = 0.0, 1.0 / am1
     for _ in range(iterations):
         mid = (lo + hi) / 2
-        if mass(mid) >= 1:
+        if unnormalised(mid).sum() >= 1:
             lo = mid
         else:
             hi = mid
-    p = np.maximum(scaled - lo, 0) ** (1 / (alpha - 1))
+    p = unnormalised(lo)
     out[finite] = p / p.sum()
     return out
 

@@ -127,6 +127,22 @@ def test_learned_alpha_is_in_the_training_log(trained_model):
     assert softmax_records and not any(k.startswith("alpha_") for r in softmax_records for k in r)
 
 
+def test_alphas_next_to_one_train(tiny_data, tmp_path):
+    """--alpha-clamp lets alpha go down to 1. Heads started a hair above it used to make
+    NaN attention (float32 rounding in the threshold search), and fairseq-train stopped at
+    the first update; their alpha gradient was also off by orders of magnitude there."""
+    proc = run([
+        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
+        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", tmp_path / "checkpoints",
+        "--max-update", "4", "--log-interval", "1", "--alpha-clamp", "1,2", "--alpha-init", "1.000001",
+    ])
+    records = json_records(proc.stdout + proc.stderr, "train_inner")
+    assert [int(r["num_updates"]) for r in records] == [1, 2, 3, 4]
+    assert all(math.isfinite(float(r["loss"])) and math.isfinite(float(r["gnorm"])) for r in records)
+    for attention_type in ATTENTION_TYPES:
+        assert float(records[0][f"alpha_{attention_type}_max"]) == pytest.approx(1.0, abs=1e-4)
+
+
 def test_interactive_translates_typed_sentences(trained_model, tiny_data):
     model = trained_model("alpha_entmax")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:3]

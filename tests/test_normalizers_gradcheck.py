@@ -1,8 +1,11 @@
-"""float64 gradcheck of every normalizer's hand-written backward, with masked entries."""
+"""float64 gradcheck of every normalizer's hand-written backward, with masked entries; the
+alpha gradient close to alpha = 1 against differences of the independent reference."""
+import numpy as np
 import pytest
 import torch
 
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from normalizer_references import alpha_entmax_reference
 
 
 def _scores(seed, shape=(3, 4, 7)):
@@ -66,3 +69,30 @@ def test_alpha_gradient_at_one_matches_one_sided_difference():
     one_step = (loss(1 + h) - loss(1.0)) / h
     two_steps = (loss(1 + 2 * h) - loss(1.0)) / (2 * h)
     torch.testing.assert_close(alpha.grad.view(-1), 2 * one_step - two_steps, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("am1, float32_rtol", [
+    (2.0 ** -13, 1e-3), (2.0 ** -10, 1e-3), (2.0 ** -8, 1e-3),  # the near-one form
+    (2.0 ** -7, 1e-2),  # the general form, just above
+])
+def test_alpha_gradient_close_to_one_matches_differences_of_the_reference(am1, float32_rtol):
+    """Close to alpha = 1 the general form of the alpha gradient divides a cancelling
+    difference by (alpha - 1)^2 (in float32 off by 10x the gradient at alpha - 1 = 1e-4);
+    below 5e-3 the gradient has its own form. Against central differences of the independent
+    float64 bisection reference (alpha exactly representable in float32)."""
+    torch.manual_seed(5)
+    scores = torch.randn(16, 40, dtype=torch.float64) * 3
+    scores[:3, :8] = float("-inf")
+    upstream = torch.randn(16, 40, dtype=torch.float64)
+
+    def loss(alpha):
+        p = np.stack([alpha_entmax_reference(row, alpha) for row in scores.numpy()])
+        return (torch.from_numpy(p) * upstream).sum(-1)
+
+    h = am1 / 100
+    expected = (loss(1 + am1 + h) - loss(1 + am1 - h)) / (2 * h)
+    for dtype, rtol in ((torch.float64, 1e-6), (torch.float32, float32_rtol)):
+        alpha = torch.full((16, 1), 1 + am1, dtype=dtype, requires_grad=True)
+        (alpha_entmax(scores.to(dtype), alpha) * upstream.to(dtype)).sum().backward()
+        error = (alpha.grad.view(-1).double() - expected).abs().max()
+        assert error <= rtol * expected.abs().max(), (dtype, error)

@@ -160,3 +160,21 @@ def test_entmax15_accuracy_stated_in_docstring(dtype, bound):
             expected = apply_rows(entmax15_reference, scores.numpy())
             worst = max(worst, np.abs(p.numpy() - expected).max())
     assert worst <= bound
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 1.5e-4), (torch.float64, 1e-8)])
+def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(dtype, bound):
+    """alpha - 1 from 1e-12 to 1e-2, where the threshold search alone loses digits as
+    eps / (alpha - 1) and, in float32, returns NaN from alpha - 1 = 1e-6 down: no NaN, and
+    the error against the float64 reference stays within the docstring's bound."""
+    generator = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for am1 in (1e-12, 1e-9, 3e-9, 1e-7, 1e-6, 1e-5, 5e-5, 7e-5, 1e-4, 1e-3, 1e-2):
+        scores = torch.randn(32, 50, generator=generator, dtype=torch.float64) * 3
+        scores[:4, :10] = float("-inf")
+        alpha = torch.full((32, 1), 1 + am1, dtype=torch.float64).to(dtype)
+        p = alpha_entmax(scores.to(dtype), alpha).double()
+        assert torch.isfinite(p).all(), am1
+        expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha.double())])
+        worst = max(worst, np.abs(p.numpy() - expected).max())
+    assert worst <= bound

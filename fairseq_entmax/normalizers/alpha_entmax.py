@@ -26,6 +26,20 @@ from fairseq_entmax.normalizers.sparsemax import sparsemax
 # _MAX_PASSES only bounds a pathological case.
 _MAX_PASSES = 64
 
+# Rows with alpha - 1 below this are computed as softmax, their limit at alpha = 1. The
+# search works on r = (alpha - 1) z - tau, values near 1 whose rounding (eps) is an error of
+# eps / (alpha - 1) in the scores, raised to the power 1 / (alpha - 1): measured on random
+# rows, the max abs error of p is about 0.06 eps / (alpha - 1), and NaN in float32 from
+# alpha - 1 = 1e-6 down. Softmax is off by about 1.9 (alpha - 1); the two errors cross at
+# these values (1.1e-4 in float32, 5e-9 in float64).
+_SOFTMAX_BELOW = {torch.float32: 6e-5, torch.float64: 2.5e-9}
+# Rows with alpha - 1 below this get the alpha gradient from _alpha_gradient_near_one. The
+# general form divides by (alpha - 1)^2 a difference that cancels: in float32 its error grew
+# from 0.1% of the gradient at alpha - 1 = 0.01 to 7% at 0.001 and 10x the gradient at 1e-4.
+# (Above this, the general form costs fewer operations, and the default clamp, alpha >= 1.01,
+# never takes the other.)
+_NEAR_ONE_BELOW = 5e-3
+
 
 def alpha_entmax_rows(x, out, am1, r, q, rq):
     """alpha-entmax of each row of the block x into out, am1 = alpha - 1 per row (m, 1);
@@ -41,7 +55,7 @@ def alpha_entmax_rows(x, out, am1, r, q, rq):
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum.
     """
-    is_softmax = am1 == 0
+    is_softmax = am1 < _SOFTMAX_BELOW[am1.dtype]
     any_softmax = bool(is_softmax.any())
     if any_softmax:
         am1 = am1.masked_fill(is_softmax, 1.0)  # any value: these rows are replaced below
@@ -136,21 +150,39 @@ def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s, p
     if not need_alpha_grad:
         return None
     # Proposition 1, with h = -p log p and H = sum h (both 0 off the support):
-    # alpha > 1: sum_i g_i [(p_i - p~_i) / am1^2 + (h_i - p~_i H) / am1];
-    # alpha = 1: sum_i g_i (h_i log p_i - p_i sum_j h_j log p_j) / 2.
+    # sum_i g_i [(p_i - p~_i) / am1^2 + (h_i - p~_i H) / am1].
     neg_h = torch.mul(p, log_p, out=s)  # p log p, 0 where p = 0 (log_p is finite)
     entropy = -neg_h.sum(dim=-1, keepdim=True)
     g_h = -torch.mul(g, neg_h, out=product).sum(dim=-1, keepdim=True)
     g_p = torch.mul(g, p, out=product).sum(dim=-1, keepdim=True)
-    is_softmax = am1 == 0
-    safe_am1 = am1.masked_fill(is_softmax, 1.0)
-    grad_alpha = (g_p - skewed_mean) / safe_am1.square() + (g_h - skewed_mean * entropy) / safe_am1
-    if bool(is_softmax.any()):
-        h_log_p = neg_h.mul_(log_p).neg_()
-        limit = (torch.mul(g, h_log_p, out=product).sum(dim=-1, keepdim=True)
-                 - g_p * h_log_p.sum(dim=-1, keepdim=True)) / 2
-        grad_alpha = torch.where(is_softmax, limit, grad_alpha)
-    return grad_alpha
+    general = (g_p - skewed_mean) / am1.square() + (g_h - skewed_mean * entropy) / am1
+    near_one = am1 < _NEAR_ONE_BELOW
+    if not bool(near_one.any()):
+        return general
+    # (general is inf or NaN at am1 = 0; torch.where drops it there)
+    return torch.where(near_one, _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product), general)
+
+
+def _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product):
+    """Proposition 1's alpha gradient in a form without cancellation as alpha -> 1.
+
+    With y = -am1 log p, p~ is p e^y / sum(p e^y). Expanding e^y = 1 + y + y^2 phi(y), with
+    phi(y) = (e^y - 1 - y) / y^2, the terms of order 1 / am1 of the general form cancel
+    exactly, and what is left is
+        [(g_p C - g_c) + am1 (g_h C - g_c H)] / (1 + am1 H + am1^2 C),
+    with c = p log(p)^2 phi(y), C = sum c, g_c = sum g c (g_p = sum g p, g_h = sum g h).
+    At am1 = 0 it is the derivative at alpha = 1, (g_p sum(p log^2 p) - sum(g p log^2 p)) / 2.
+    """
+    y = log_p * -am1  # >= 0, at most 0.44 (float32) or 3.5 (float64) below _NEAR_ONE_BELOW
+    # phi by its series where expm1(y) - y would lose digits, by definition elsewhere.
+    series = 0.5 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y / 5040))))
+    phi = torch.where(y < 0.1, series, (torch.expm1(y) - y) / y.square())
+    c = phi.mul_(p).mul_(log_p.square())
+    c_sum = c.sum(dim=-1, keepdim=True)
+    g_c = torch.mul(g, c, out=product).sum(dim=-1, keepdim=True)
+    return ((g_p * c_sum - g_c) + am1 * (g_h * c_sum - g_c * entropy)) / (
+        1 + am1 * entropy + am1.square() * c_sum
+    )
 
 
 class AlphaEntmaxFunction(torch.autograd.Function):
@@ -241,7 +273,12 @@ def alpha_entmax(scores, alpha, dim=-1):
     once every step on tau is below 1e-5 (float32) or 1e-12 (float64), usually after 4 to 7
     passes; p is then corrected to first order for the last step and renormalised. Accuracy, max abs error of p against float64
     bisection run to convergence (tests/test_normalizers_properties.py): float32 below 1e-6
-    for 1 < alpha <= 2 and below 3e-6 for 2 < alpha <= 3; float64 below 1e-13.
+    for 1.01 <= alpha <= 2 and below 3e-6 for 2 < alpha <= 3; float64 below 1e-13. Closer
+    to alpha = 1, rounding costs about 7e-9 / (alpha - 1) in float32 (1e-17 / (alpha - 1) in
+    float64), so rows with alpha - 1 below 6e-5 (float32) or 2.5e-9 (float64) are computed
+    as softmax, the limit, which is off by about 2 (alpha - 1): for 1 <= alpha < 1.01, below
+    1.5e-4 in float32 and 1e-8 in float64. The alpha gradient keeps its precision down to
+    alpha = 1 (below alpha = 1.005 it takes a form without the general one's cancellation).
 
     -inf scores get weight and gradient exactly 0; an all -inf row gives zeros.
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
