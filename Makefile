@@ -35,7 +35,7 @@ test: setup
 	$(PY) -m pytest tests -q
 
 bench: setup
-	$(PY) benchmarks/normalizers.py
+	$(PY) benchmarks/normalizers.py --rounds 5 --threads 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info
