@@ -3,6 +3,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ NORMALIZERS = {
 
 def _alpha_like(x, dim):
     """One alpha per row along `dim`, values spread over [1.1, 2.4] (so > 2 is covered)."""
-    if not -x.dim() <= dim < x.dim():
+    if not (isinstance(dim, (int, np.integer)) and -x.dim() <= dim < x.dim()):
         return torch.tensor(1.3)  # leaves the invalid dim for alpha_entmax to reject
     shape = list(x.shape)
     shape[dim] = 1
@@ -89,6 +90,16 @@ def test_bad_scores_and_dim_are_rejected(name):
         fn(torch.arange(6).reshape(2, 3))
     with pytest.raises(ValueError, match="dim"):
         fn(torch.randn(2, 3), dim=2)
+    with pytest.raises(TypeError, match="dim must be an integer, got float"):
+        fn(torch.randn(2, 3), dim=1.0)
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+def test_dim_may_be_any_integer_type(name):
+    """As in torch: a numpy integer (e.g. from an array's shape arithmetic) is a dim."""
+    fn = NORMALIZERS[name]
+    scores = torch.randn(2, 3, 4)
+    assert torch.equal(fn(scores, dim=np.int64(-2)), fn(scores, dim=-2))
 
 
 @pytest.mark.parametrize("name", sorted(NORMALIZERS))

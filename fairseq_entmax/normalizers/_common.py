@@ -6,6 +6,8 @@ are reused from block to block, so the only full-size tensors a call allocates a
 result (and, for backward, the gradient). The iterative threshold searches make several
 passes over each block, which is cheap in cache and expensive over the whole tensor.
 """
+import numbers
+
 import torch
 
 # Half-precision inputs are normalised in float32 (powers and sums lose too much in 16
@@ -34,7 +36,8 @@ NEWTON_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 def check_scores(scores, dim, name):
-    """Raise a clear error unless `scores` is a floating tensor and `dim` one of its dims."""
+    """Raise a clear error unless `scores` is a floating tensor and `dim` one of its dims;
+    return dim as a python int (it may be any integer, e.g. a numpy one, as torch allows)."""
     if not torch.is_tensor(scores):
         raise TypeError(f"{name}: scores must be a torch.Tensor, got {type(scores).__name__}")
     if not scores.is_floating_point():
@@ -44,11 +47,14 @@ def check_scores(scores, dim, name):
         )
     if scores.dim() == 0:
         raise ValueError(f"{name}: scores must have at least one dimension, got a scalar")
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -scores.dim() <= dim < scores.dim():
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"{name}: dim must be an integer, got {type(dim).__name__} {dim!r}")
+    if not -scores.dim() <= dim < scores.dim():
         raise ValueError(
             f"{name}: dim={dim!r} is not a dim of scores of shape {tuple(scores.shape)} "
             f"(allowed: an int from {-scores.dim()} to {scores.dim() - 1})"
         )
+    return int(dim)
 
 
 def compute_dtype(dtype):

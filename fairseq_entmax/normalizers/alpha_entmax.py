@@ -283,7 +283,7 @@ def alpha_entmax(scores, alpha, dim=-1):
     -inf scores get weight and gradient exactly 0; an all -inf row gives zeros.
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
     """
-    check_scores(scores, dim, "alpha_entmax")
+    dim = check_scores(scores, dim, "alpha_entmax")
     alpha = _check_alpha(alpha, scores, dim)
     if isinstance(alpha, float):
         if alpha == 1.0:

@@ -79,5 +79,5 @@ def entmax15(scores, dim=-1):
     -inf scores get weight and gradient exactly 0; an all -inf row gives zeros.
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
     """
-    check_scores(scores, dim, "entmax15")
+    dim = check_scores(scores, dim, "entmax15")
     return Entmax15Function.apply(scores, dim)

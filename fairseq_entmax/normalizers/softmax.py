@@ -45,5 +45,5 @@ def softmax(scores, dim=-1):
 
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
     """
-    check_scores(scores, dim, "softmax")
+    dim = check_scores(scores, dim, "softmax")
     return SoftmaxFunction.apply(scores, dim)

@@ -64,5 +64,5 @@ def sparsemax(scores, dim=-1):
     -inf scores get weight and gradient exactly 0; an all -inf row gives zeros.
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
     """
-    check_scores(scores, dim, "sparsemax")
+    dim = check_scores(scores, dim, "sparsemax")
     return SparsemaxFunction.apply(scores, dim)

@@ -55,7 +55,7 @@ def topk_softmax(scores, k, dim=-1):
     query's unmasked keys). k >= the row length gives plain softmax. -inf scores get weight
     0; an all -inf row gives zeros. float16/bfloat16 are computed in float32.
     """
-    check_scores(scores, dim, "topk_softmax")
+    dim = check_scores(scores, dim, "topk_softmax")
     allowed = ("k must be an integer >= 1 (keys kept per row), or an integer tensor of such values "
                "broadcastable to scores with size 1 along dim")
     if torch.is_tensor(k):
