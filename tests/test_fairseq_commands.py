@@ -14,10 +14,9 @@ import torch
 from fairseq import checkpoint_utils
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 
+from fairseq_entmax.modules import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, fairseq_command, run
-
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
 
 def json_records(log, tag):

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_entmax.modules import ATTENTION_TYPES
 from helpers import run, write_tiny_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.py"
 VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
 sys.path.insert(0, str(QUICKSTART.parent))
 from toy_language import ToyLanguagePair, write_toy_corpus  # noqa: E402

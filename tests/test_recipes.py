@@ -153,6 +153,14 @@ def test_last_checkpoints_include_the_final_state_after_the_last_epoch_checkpoin
                                                                          "checkpoint3.pt"]
 
 
+def test_pipeline_names_the_attention_types_of_the_fairseq_layer():
+    """The pipeline keeps a copy (importing the fairseq layer imports fairseq); its tables
+    and log lines are keyed by these names."""
+    from fairseq_entmax.modules import ATTENTION_TYPES
+
+    assert pipeline.ATTENTION_TYPES == ATTENTION_TYPES
+
+
 def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
     path = tmp_path / "text"
     path.write_text("eins\u2028zwei\nline two\r\n", encoding="utf-8")

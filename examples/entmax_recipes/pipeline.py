@@ -24,6 +24,8 @@ from pathlib import Path
 
 SPLITS = ("train", "valid", "test")
 VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+# fairseq_entmax.modules.ATTENTION_TYPES, copied: importing it imports fairseq, which the
+# pipeline's marker checks and tables do not need (tests/test_recipes.py checks they agree).
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 BIN_DIR = Path(sys.executable).parent
 

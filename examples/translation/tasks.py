@@ -45,7 +45,6 @@ class Task:
     clean_max_ratio: float = 1.5     # None: no length-ratio rule
     beam: int = 5
     lenpen: float = 1.0
-    average_last: int = 5
     data_notes: str = ""
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES
 
 # encoder.layers.3.self_attn, decoder.layers.0.encoder_attn; wrappers may add parts in between.
 _MODULE_NAME = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(?:.*\.)?(self_attn|encoder_attn)$")

@@ -27,17 +27,9 @@ def load_checkpoint(path, data, user_dir=USER_DIR):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     if user_dir:
         utils.import_user_module(Namespace(user_dir=user_dir))
-    _allow_fairseq_checkpoints()
+    # (importing fairseq_entmax allowed the types fairseq checkpoints hold: weights_only stays on)
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
     return models[0], cfg, task
-
-
-def _allow_fairseq_checkpoints():
-    """torch >= 2.6 loads checkpoints with weights_only=True, which rejects the argparse
-    Namespace etc. fairseq pickles: allow exactly those types (fairseq_entmax's allowlist)."""
-    from fairseq_entmax import checkpoint_safety
-
-    checkpoint_safety.allow_fairseq_checkpoints()
 
 
 def _first_sentences_in_batches(dataset, num_sentences, max_positions, max_tokens, batch_size):
