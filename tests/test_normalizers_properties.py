@@ -165,7 +165,7 @@ def test_entmax15_accuracy_stated_in_docstring(dtype, bound):
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1.5e-4), (torch.float64, 1e-8)])
 def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(dtype, bound):
     """alpha - 1 from 1e-12 to 1e-2, where the threshold search alone loses digits as
-    eps / (alpha - 1) and, in float32, returns NaN from alpha - 1 = 1e-6 down: no NaN, and
+    eps / (alpha - 1) and, in float32, returned NaN at alpha - 1 = 1e-6 and 1e-7: no NaN, and
     the error against the float64 reference stays within the docstring's bound."""
     generator = torch.Generator().manual_seed(0)
     worst = 0.0

@@ -29,8 +29,8 @@ _MAX_PASSES = 64
 # Rows with alpha - 1 below this are computed as softmax, their limit at alpha = 1. The
 # search works on r = (alpha - 1) z - tau, values near 1 whose rounding (eps) is an error of
 # eps / (alpha - 1) in the scores, raised to the power 1 / (alpha - 1): measured on random
-# rows, the max abs error of p is about 0.06 eps / (alpha - 1), and NaN in float32 from
-# alpha - 1 = 1e-6 down. Softmax is off by about 1.9 (alpha - 1); the two errors cross at
+# rows, the max abs error of p is about 0.06 eps / (alpha - 1), and NaN in float32 at
+# alpha - 1 = 1e-6 and 1e-7. Softmax is off by about 1.9 (alpha - 1); the two errors cross at
 # these values (1.1e-4 in float32, 5e-9 in float64).
 _SOFTMAX_BELOW = {torch.float32: 6e-5, torch.float64: 2.5e-9}
 # Rows with alpha - 1 below this get the alpha gradient from _alpha_gradient_near_one. The
