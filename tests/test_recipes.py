@@ -161,6 +161,28 @@ def test_pipeline_names_the_attention_types_of_the_fairseq_layer():
     assert pipeline.ATTENTION_TYPES == ATTENTION_TYPES
 
 
+@pytest.mark.parametrize("lang", ["ja", "zh"])
+def test_bleu_of_a_character_segmented_target_is_not_zero(tmp_path, lang):
+    """sacreBLEU's default tokenizer leaves a Japanese or Chinese sentence as one token:
+    BLEU read 0 for a translation with one character wrong. Scored as the recipes do:
+    Moses-tokenised (characters split) hypotheses, detokenised against the raw references."""
+    references = {"ja": ["今日は良い天気です。", "私は学生です。"], "zh": ["今天天气很好。", "我是学生。"]}[lang]
+    hypotheses = [references[0], references[1].replace("学", "先")]
+
+    def tokenized(lines, name):
+        raw = tmp_path / f"{name}.txt"
+        raw.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        pipeline.tokenize_file(raw, tmp_path / f"{name}.tok", lang)
+        return pipeline.read_lines(tmp_path / f"{name}.tok")
+
+    references_tok, hypotheses_tok = tokenized(references, "ref"), tokenized(hypotheses, "hyp")
+    perfect = pipeline.score(references_tok, references_tok, references, lang)
+    assert perfect["bleu"] == 100.0 and perfect["bleu_tok"] == 100.0
+    one_wrong = pipeline.score(hypotheses_tok, references_tok, references, lang)
+    assert 40.0 < one_wrong["bleu"] < 100.0
+    assert f"tok:{pipeline.SACREBLEU_TOKENIZER[lang]}" in one_wrong["bleu_signature"]
+
+
 def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
     path = tmp_path / "text"
     path.write_text("eins\u2028zwei\nline two\r\n", encoding="utf-8")

@@ -210,6 +210,10 @@ def check_parallel_corpus(files):
 _CJK = re.compile(r"([\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
 _SPACE_BETWEEN_CJK = re.compile(r"(?<=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60]) (?=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
 CHARACTER_SEGMENTED_LANGS = ("ja", "zh")
+# sacreBLEU's default tokenizer (13a) leaves a Japanese or Chinese sentence as one or two
+# tokens, so BLEU reads about 0. "zh" is sacreBLEU's own for Chinese; "ja-mecab" would need
+# sacrebleu[ja] (MeCab), so Japanese is scored over characters (the signature says tok:char).
+SACREBLEU_TOKENIZER = {"ja": "char", "zh": "zh"}
 
 _tokenizer = None
 
@@ -572,7 +576,7 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
     if len(hypotheses_tok) != len(references_tok):
         raise ToolError(f"{len(hypotheses_tok)} translations for {len(references_tok)} references")
     detokenized = detokenize_lines(hypotheses_tok, tgt_lang) if tokenized_bleu else hypotheses_tok
-    bleu, chrf = BLEU(), CHRF()
+    bleu, chrf = BLEU(tokenize=SACREBLEU_TOKENIZER.get(tgt_lang, "13a")), CHRF()
     result = {
         "bleu": round(bleu.corpus_score(detokenized, [references_raw]).score, 2),
         "chrf": round(chrf.corpus_score(detokenized, [references_raw]).score, 2),
