@@ -77,6 +77,17 @@ def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
     assert "training (" not in proc.stdout and "Traceback" not in proc.stderr
 
 
+@needs_shared_data
+def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
+    """The work dir's corpus came from the shared data: a run pointed at other data stops
+    instead of training on the old corpus."""
+    work, _ = iwslt_smoke
+    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--shared-data", tmp_path],
+               check=False, timeout=600)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{tmp_path}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def _write_corpus(directory, lines=None, skip=()):
     directory.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):

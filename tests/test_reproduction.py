@@ -67,6 +67,25 @@ def test_rerun_reuses_data_and_trained_models(tiny_reproduction):
     assert "training (" not in again and "tokenize:" not in again
 
 
+@needs_shared_data
+def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
+    """The work dir's corpus was cut from the IWSLT16 sample: a run given other data stops
+    with the reason instead of training on the old corpus."""
+    work, _, _ = tiny_reproduction
+    other = tmp_path / "other"
+    other.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            (other / f"{split}.{lang}").write_text("ein Satz .\nnoch einer .\n", encoding="utf-8")
+    before = (work / "raw" / "train.de").read_text(encoding="utf-8")
+    command = [sys.executable, SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1",
+               "--max-update", "8", "--work-dir", work, "--data", other]
+    proc = run(command, check=False, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"{other}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
+    assert (work / "raw" / "train.de").read_text(encoding="utf-8") == before
+
+
 def test_missing_data_is_reported_before_any_work(tmp_path):
     (tmp_path / "data").mkdir()
     proc = run([sys.executable, SCRIPT, "--data", tmp_path / "data", "--work-dir", tmp_path / "work"],

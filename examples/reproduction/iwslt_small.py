@@ -88,13 +88,15 @@ def run(args):
     pipeline.check_parallel_corpus(files)
 
     raw_dir = work / "raw"
-    if not pipeline.is_done(raw_dir / "prepare.done"):
+    limits = {"train": budget["train_lines"], "valid": budget["test_lines"], "test": budget["test_lines"]}
+    # A corpus prepared from other data or with other limits is refused, not reused.
+    prepared_from = {"data": str(args.data.resolve()), "lines": limits}
+    if not pipeline.done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         raw_dir.mkdir(parents=True, exist_ok=True)
-        limits = {"train": budget["train_lines"], "valid": budget["test_lines"], "test": budget["test_lines"]}
         for split, pair in files.items():
             for lang, path in zip((SRC, TGT), pair):
                 _take_lines(path, raw_dir / f"{split}.{lang}", limits[split])
-        pipeline.mark_done(raw_dir / "prepare.done")
+        pipeline.mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in pipeline.SPLITS})
     log(f"IWSLT16 de-en sample ({args.budget} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 

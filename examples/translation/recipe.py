@@ -89,7 +89,10 @@ def run(args):
 
     # prepare: plain, line-aligned text, checked before anything long starts.
     raw_dir = args.raw_dir if args.raw_dir else work / "raw"
-    if not args.raw_dir and not pipeline.is_done(raw_dir / "prepare.done"):
+    # A corpus prepared from other data is refused, not reused.
+    prepared_from = ({"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]} if args.smoke
+                     else {"downloads": task.name, "pair": [src, tgt]})
+    if not args.raw_dir and not pipeline.done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         if args.smoke:
             log(f"prepare: {task.smoke.note}")
             write_smoke_data(task, args.shared_data, src, tgt, raw_dir)
@@ -101,7 +104,7 @@ def run(args):
             raw_dir.mkdir(parents=True, exist_ok=True)
             task.prepare(downloads, raw_dir, src, tgt)
         pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in pipeline.SPLITS})
-        pipeline.mark_done(raw_dir / "prepare.done")
+        pipeline.mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in pipeline.SPLITS})
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
