@@ -260,6 +260,63 @@ def test_bad_input_is_reported_with_what_to_do(tiny_data, tmp_path, capsys):
     assert "nope.pt does not exist" in capsys.readouterr().err
     assert main([str(tiny_data.data_bin), "--path", "a.pt", "--path", "b.pt", "--name", "only-one",
                  "--output-dir", str(tmp_path)]) == 2
-    assert "give one per --path" in capsys.readouterr().err
+    assert "give one --name per --path" in capsys.readouterr().err
     assert main([str(tmp_path / "no-data-bin"), "--path", "a.pt", "--output-dir", str(tmp_path)]) == 2
     assert "data-bin directory" in capsys.readouterr().err
+
+
+def test_every_input_is_checked_before_the_first_model_is_analysed(trained_model, tiny_data, tmp_path, capsys):
+    """A mistake in the last --path or --train-log, or in the data-bin, stops the command
+    before any model is run (it used to come after the others' whole pass)."""
+    good = str(trained_model("alpha_entmax").checkpoint)
+    raw_text = tmp_path / "raw"
+    raw_text.mkdir()
+    (raw_text / "train.de").write_text("ein Satz .\n")
+    cases = [
+        (["--path", good, "--path", str(tmp_path / "nope.pt")], "nope.pt does not exist"),
+        (["--path", good, "--train-log", str(tmp_path / "tensorbord")], "tensorbord does not exist"),
+        (["--path", good, "--subset", "nosuch"], "has no subset 'nosuch'"),
+        (["--path", good, "--name", "x y", "--path", good, "--name", "x_y"], "same figure file names"),
+    ]
+    for arguments, message in cases:
+        assert main([str(tiny_data.data_bin), *arguments, "--output-dir", str(tmp_path / "out")]) == 2
+        out, err = capsys.readouterr()
+        assert message in err and "analysing" not in out, arguments
+    assert main([str(raw_text), "--path", good, "--output-dir", str(tmp_path / "out")]) == 2
+    assert "is not a fairseq data-bin" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "analysis.json").exists()
+
+
+def test_unloadable_checkpoints_and_too_small_batches_say_what_to_do(trained_model, tiny_data, tmp_path, capsys):
+    checkpoint = trained_model("alpha_entmax").checkpoint
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(checkpoint.read_bytes()[:5000])
+    other_data = tmp_path / "other-data-bin"
+    other_data.mkdir()
+    for path in tiny_data.data_bin.iterdir():
+        text = path.read_bytes()
+        if path.name.startswith("dict."):  # another experiment's vocabulary: more words
+            text += "".join(f"extra{i} 1\n" for i in range(8)).encode()
+        (other_data / path.name).write_bytes(text)
+    for data, path, message in [
+        (tiny_data.data_bin, cut, "Is the checkpoint complete"),
+        (other_data, checkpoint, "the data-bin its model was trained on"),
+    ]:
+        assert main([str(data), "--path", str(path), "--cpu", "--output-dir", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot load checkpoint {path}" in err and message in err and "Traceback" not in err
+    assert main([str(tiny_data.data_bin), "--path", str(checkpoint), "--cpu", "--max-tokens", "5",
+                 "--output-dir", str(tmp_path / "out")]) == 2
+    assert re.search(r"a sentence of \d+ tokens does not fit .* give --max-tokens \d+ or more", capsys.readouterr().err)
+
+
+def test_a_rerun_into_the_same_directory_leaves_no_figures_of_models_it_dropped(trained_model, tiny_data, tmp_path):
+    alpha, topk = trained_model("alpha_entmax").checkpoint, trained_model("topk").checkpoint
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    analyze([alpha, topk], tiny_data.data_bin, out, names=["alpha", "topk"], num_sentences=8, progress=False)
+    assert list(out.glob("*topk*.png")) and list(out.glob("*alpha*.png"))
+    analyze([alpha], tiny_data.data_bin, out, names=["alpha"], num_sentences=8, progress=False)
+    assert not list(out.glob("*topk*")) and list(out.glob("*alpha*.png"))
+    assert (out / "notes.txt").read_text() == "mine"  # only what an analysis wrote is removed

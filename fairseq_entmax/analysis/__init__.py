@@ -2,8 +2,9 @@
 diversity, positional and BPE-merging heads (the analyses of Correia et al., 2019).
 
 `analyze(paths, data, output_dir, ...)` is the Python entry point; the console script
-`fairseq-entmax-analyze` (fairseq_entmax.analysis.cli) calls it. fairseq is imported only when
-a checkpoint is loaded; `fairseq_entmax.analysis.metrics` needs torch only.
+`fairseq-entmax-analyze` (fairseq_entmax.analysis.cli) calls it. Importing this package imports
+fairseq (through fairseq_entmax, which registers the models when fairseq is installed); the
+metrics of `fairseq_entmax.analysis.metrics` themselves are plain torch.
 """
 from fairseq_entmax.analysis.pipeline import analyze
 

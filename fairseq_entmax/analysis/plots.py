@@ -1,5 +1,4 @@
 """PNG figures of the analysis (matplotlib, non-interactive Agg backend)."""
-import re
 from pathlib import Path
 
 import matplotlib
@@ -9,6 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fairseq_entmax.analysis.capture import ATTENTION_TYPES  # noqa: E402
+from fairseq_entmax.analysis.report import file_label  # noqa: E402
 
 # Attention maps: exact zeros (sparse attention) white, any nonzero weight visibly blue.
 _NONZERO_CMAP = matplotlib.colors.LinearSegmentedColormap.from_list(
@@ -18,11 +18,6 @@ _SMALLEST_SHOWN = 1e-12
 
 TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
           "cross": "encoder-decoder attention"}
-
-
-def file_label(name):
-    """A model name made safe for a file name."""
-    return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
 
 
 def _types(models):

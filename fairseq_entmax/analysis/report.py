@@ -1,9 +1,16 @@
 """analysis.json and the CSV tables."""
 import csv
 import json
+import re
 from pathlib import Path
 
 from fairseq_entmax.analysis.capture import ATTENTION_TYPES
+
+
+def file_label(name):
+    """A model name made safe for a file name (the figures carry it)."""
+    return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
+
 
 # table file -> (key of the model entry, columns after "model")
 TABLES = {

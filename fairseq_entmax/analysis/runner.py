@@ -28,7 +28,15 @@ def load_checkpoint(path, data, user_dir=USER_DIR):
     if user_dir:
         utils.import_user_module(Namespace(user_dir=user_dir))
     # (importing fairseq_entmax allowed the types fairseq checkpoints hold: weights_only stays on)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
+    except (OSError, EOFError, RuntimeError) as error:
+        # A cut-short file (OSError, EOFError), or weights that do not fit the model built
+        # with data's dictionaries (RuntimeError: size mismatch).
+        raise ValueError(
+            f"cannot load checkpoint {path} with data-bin {data}: {str(error).strip()[:500]}\n"
+            f"Is the checkpoint complete, and is {data} the data-bin its model was trained on?"
+        ) from error
     return models[0], cfg, task
 
 
@@ -44,6 +52,10 @@ def _first_sentences_in_batches(dataset, num_sentences, max_positions, max_token
     order, ignored = dataset.filter_indices_by_size(order, max_positions)
     if len(ignored):
         logger.warning("skipping %d sentences longer than the model's maximum positions %s", len(ignored), max_positions)
+    longest = max((int(dataset.num_tokens(i)) for i in order), default=0)
+    if max_tokens is not None and longest > max_tokens:
+        raise ValueError(f"a sentence of {longest} tokens does not fit in a batch of --max-tokens {max_tokens}: "
+                         f"give --max-tokens {longest} or more")
     return dataset.batch_by_size(np.asarray(order, dtype=np.int64), max_tokens=max_tokens, max_sentences=batch_size)
 
 
