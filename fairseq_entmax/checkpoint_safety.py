@@ -59,7 +59,9 @@ def _refusing_unsafe(load_checkpoint_to_cpu):
         try:
             return load_checkpoint_to_cpu(path, *args, **kwargs)
         except pickle.UnpicklingError as error:
-            found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+            # torch words it "Unsupported global: GLOBAL x.y", or, for a module it blocks
+            # outright (os, posix, subprocess, ...), "unsupported GLOBAL x.y whose module ...".
+            found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(error))
             what = found.group(1) if found else "an object outside the allowlist"
             raise UnsafeCheckpointError(
                 f"Refusing to load checkpoint {path}: it contains a pickled {what}, which is "
