@@ -270,6 +270,23 @@ def test_alpha_initialisation_and_clamp(tiny_data):
             assert torch.equal(attention.head_alpha(), torch.full((4,), 1.2))
 
 
+def test_every_attention_is_listed_in_training_with_layerdrop(tiny_data):
+    """With --encoder/decoder-layerdrop, iterating the layers in training mode skips some at
+    random: the alpha log then covered a random subset of layers, under shifted indices."""
+    model, _ = build_model(tiny_data.data_bin, [
+        "--arch", "adaptively_sparse_transformer", "--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5",
+        *TINY_SIZES])
+    model.train()
+    expected = [(t, layer) for t in ("encoder_self",) for layer in range(2)] + [
+        (t, layer) for layer in range(2) for t in ("decoder_self", "cross")]
+    for _ in range(10):
+        listed = [(t, layer, m) for t, layer, m in sparse_attention_modules(model)]
+        assert [(t, layer) for t, layer, _ in listed] == expected
+        for _, layer, module in listed:
+            owner = model.encoder if module.attention_type == "encoder_self" else model.decoder
+            assert any(module is m for m in owner.layers[layer].modules())
+
+
 def test_each_attention_type_gets_its_own_normalizer(tiny_data):
     model, _ = build_model(tiny_data.data_bin, [
         "--arch", "adaptively_sparse_transformer", "--attention-normalizer", "entmax15",

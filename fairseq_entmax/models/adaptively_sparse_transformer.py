@@ -213,11 +213,15 @@ class SparseTransformerDecoder(TransformerDecoderBase):
 def sparse_attention_modules(model):
     """(attention_type, layer index, SparseMultiheadAttention) for every attention of a
     model, encoder layers first, in layer order."""
-    for index, layer in enumerate(model.encoder.layers):
-        attention = getattr(layer, "self_attn", None)
+    # Indexing, not iterating: with --encoder/decoder-layerdrop the layers are a
+    # LayerDropModuleList, whose iteration in training mode skips layers at random.
+    encoder_layers, decoder_layers = model.encoder.layers, model.decoder.layers
+    for index in range(len(encoder_layers)):
+        attention = getattr(encoder_layers[index], "self_attn", None)
         if isinstance(attention, SparseMultiheadAttention):
             yield attention.attention_type, index, attention
-    for index, layer in enumerate(model.decoder.layers):
+    for index in range(len(decoder_layers)):
+        layer = decoder_layers[index]
         for attention in (getattr(layer, "self_attn", None), getattr(layer, "encoder_attn", None)):
             if isinstance(attention, SparseMultiheadAttention):
                 yield attention.attention_type, index, attention
