@@ -209,6 +209,28 @@ def test_beamable_cross_attention_equals_the_plain_one(normalizer):
     torch.testing.assert_close(beamable[1], plain[1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("normalizer", NORMALIZER_NAMES)
+def test_a_boolean_attention_mask_hides_what_it_marks(normalizer):
+    """PyTorch and fairseq's fused path read a boolean attn_mask as True = not allowed; the
+    Python path this module keeps to adds the mask to the scores, which hid nothing."""
+    from fairseq.modules import MultiheadAttention
+
+    torch.manual_seed(0)
+    attention = SparseMultiheadAttention(
+        16, 4, attention_type="decoder_self", normalizer_name=normalizer, topk=2, self_attention=True).eval()
+    x = torch.randn(5, 2, 16)
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    additive = torch.zeros(5, 5).masked_fill(future, float("-inf"))
+    out_bool, weights_bool = attention(x, x, x, attn_mask=future, need_head_weights=True)
+    out_float, weights_float = attention(x, x, x, attn_mask=additive, need_head_weights=True)
+    torch.testing.assert_close(out_bool, out_float, atol=0, rtol=0)
+    assert (weights_bool[..., future] == 0).all()
+    if normalizer == "softmax":  # and as fairseq's own attention reads the boolean mask
+        plain = MultiheadAttention(16, 4, self_attention=True).eval()
+        plain.load_state_dict(attention.state_dict())
+        torch.testing.assert_close(out_bool, plain(x, x, x, attn_mask=future)[0], atol=1e-6, rtol=0)
+
+
 def test_softmax_everywhere_equals_fairseqs_transformer(tiny_data):
     ours, task = build_model(
         tiny_data.data_bin, ["--arch", "adaptively_sparse_transformer", "--attention-normalizer", "softmax",

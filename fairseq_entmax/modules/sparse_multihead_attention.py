@@ -5,7 +5,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
-from fairseq_entmax.normalizers import NORMALIZER_NAMES, alpha_entmax, get_normalizer
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, get_normalizer
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
@@ -125,7 +125,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         if self.normalizer_name == "alpha_entmax":
             per_head = scores.view(-1, self.num_heads, scores.size(1), scores.size(2))
             alpha = self.head_alpha().to(scores.dtype).view(1, self.num_heads, 1, 1)
-            return alpha_entmax(per_head, alpha, dim=-1).view_as(scores)
+            return self._normalizer(per_head, alpha, dim=-1).view_as(scores)
         if self.normalizer_name == "topk":
             k = keys_kept_per_query(scores, self.topk, self.topk_fraction, self.topk_min)
             return self._normalizer(scores, k, dim=-1)
@@ -148,6 +148,11 @@ class SparseMultiheadAttention(MultiheadAttention):
             need_weights = True
         tgt_len, bsz, embed_dim = query.size()
         assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            # fairseq's Python path adds attn_mask to the scores, so a boolean mask (True:
+            # not allowed, as PyTorch's attention reads one) would add 1 where it hides.
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device).masked_fill_(
+                attn_mask, float("-inf"))
         # fairseq's own code up to the softmax: projections, incremental state, bias_kv,
         # zero_attn, attention mask (additive) and key padding (-inf).
         scores, v = super().forward(
