@@ -69,3 +69,20 @@ def test_alpha_init_outside_the_alpha_clamp_is_refused(tiny_data):
     assert proc.returncode != 0
     assert "--alpha-init 1.3 is outside --alpha-clamp 1.01,1.2" in proc.stderr
     assert "[1.01, 1.2]" in proc.stderr and "| epoch" not in proc.stdout
+
+
+def test_a_trained_model_loads_with_another_clamp_when_alpha_init_is_overridden_too(trained_model):
+    """At loading, alpha_init no longer matters (the checkpoint's alphas replace it), but the
+    check still sees it: the refusal says to override it as well, and that works."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_entmax.models import sparse_attention_modules
+
+    model = trained_model("alpha_entmax")
+    overrides = {"data": str(model.data_bin), "alpha_clamp": "1.6,2", "alpha_init": "1.5"}
+    with pytest.raises(ValueError, match="override alpha_init too"):
+        checkpoint_utils.load_model_ensemble_and_task([str(model.checkpoint)], arg_overrides=overrides)
+    (loaded,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(model.checkpoint)], arg_overrides=dict(overrides, alpha_init="random"))
+    for _, _, attention in sparse_attention_modules(loaded):
+        assert attention.alpha_clamp == (1.6, 2.0) and (attention.head_alpha() >= 1.6).all()

@@ -182,7 +182,9 @@ def validate_sparse_attention_args(args):
         raise ValueError(
             f"--alpha-init {args.alpha_init} is outside --alpha-clamp {low},{high}: every head "
             f"would start at the bound and never learn its alpha; choose an --alpha-init in "
-            f"[{low}, {high}]"
+            f"[{low}, {high}]. (Loading a trained model with another clamp, e.g. through "
+            f"--model-overrides, override alpha_init too, e.g. 'alpha_init': 'random': it only "
+            f"set the starting alphas, which the checkpoint replaces.)"
         )
 
 
