@@ -74,7 +74,8 @@ def parse_alpha_clamp(text):
     return (low, high)
 
 
-def _parse_int_at_least_one(text):
+def parse_topk(text):
+    """--topk K and --topk-min K: an integer >= 1."""
     try:
         value = int(text)
     except (TypeError, ValueError):
@@ -82,11 +83,6 @@ def _parse_int_at_least_one(text):
     if value < 1 or str(value) != str(text).strip():
         raise argparse.ArgumentTypeError(f"allowed values are integers >= 1, got {text!r}")
     return value
-
-
-def parse_topk(text):
-    """--topk K and --topk-min K: an integer >= 1."""
-    return _parse_int_at_least_one(text)
 
 
 def parse_topk_fraction(text):
