@@ -188,6 +188,9 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         assert t["steps"] == sorted(t["steps"]) and len(t["steps"]) >= 2
         assert all(1.0 <= v <= 2.0 for v in t["values"])
     assert softmax["alpha_trajectories"] == [] and topk["alpha_trajectories"] == []
+    # the same log's validation (fairseq-train validates at the end); the others logged nowhere
+    assert alpha["validation_curve"]["num_updates"][-1] == 200 and alpha["validation_curve"]["ppl"][-1] > 1
+    assert softmax["validation_curve"] is None and topk["validation_curve"] is None
 
     # top-k has no alpha, and no query attends to more than k keys
     assert {r["alpha"] for r in topk["alpha"]} == {None}
@@ -220,7 +223,8 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
 
     # figures: comparison figures, per-model figures, one attention map per model, type and layer
     figures = {p.name for p in output_dir.glob("*.png")}
-    expected = {"alpha_histogram.png", "density_layers.png", "js_layers.png",
+    # (learning_curves.png: the alpha model's training log has its validation)
+    expected = {"alpha_histogram.png", "density_layers.png", "js_layers.png", "learning_curves.png",
                 "alpha_heatmap_softmax.png", "alpha_heatmap_alpha.png", "alpha_trajectories_alpha.png"}
     expected |= {f"{kind}_{m}.png" for kind in ("density_heads", "specialisation") for m in ("softmax", "alpha", "topk")}
     expected |= {f"attention_map_{m}_{a}_L{layer}.png" for m in ("softmax", "alpha", "topk")

@@ -26,11 +26,14 @@ def build_parser():
                         help="label of the model, once per --path (default: the checkpoint's directory)")
     parser.add_argument("--train-log", action="append", metavar="PATH",
                         help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
-                             "values, once per --path in the same order; 'auto' (the default) reads the "
-                             "--tensorboard-logdir or --log-file recorded in the checkpoint, if it still exists")
+                             "values and validations, once per --path in the same order; 'auto' (the default) "
+                             "reads the --tensorboard-logdir or --log-file recorded in the checkpoint, if it still "
+                             "exists. The validations give learning_curves.png, where models whose --name differ "
+                             "only by a -seed<N>/_seed<N> ending are averaged")
     parser.add_argument("--user-dir", default=USER_DIR,
                         help="fairseq --user-dir the models need (default: the installed fairseq_entmax)")
-    parser.add_argument("--subset", default="valid", help="data subset to run over (default: valid)")
+    parser.add_argument("--subset", "--gen-subset", dest="subset", default="valid",
+                        help="data subset to run over (default: valid); --gen-subset is fairseq's spelling")
     parser.add_argument("--output-dir", required=True, help="where analysis.json, the tables and figures go")
     parser.add_argument("--num-sentences", type=int, metavar="N",
                         help="analyse only the first N sentences of the subset (default: all)")

@@ -23,8 +23,10 @@ def analyze(
 
     paths: checkpoint files (several to compare models); names: a label per path (default: the
     checkpoint's directory); train_logs: per path, a training log file or tensorboard log
-    directory to read alpha trajectories from, or None / "auto" for the --tensorboard-logdir /
-    --log-file recorded in the checkpoint when it still exists. num_sentences: analyse only the first N sentences
+    directory to read alpha trajectories and the validation learning curve from, or None / "auto"
+    for the --tensorboard-logdir / --log-file recorded in the checkpoint when it still exists
+    (learning_curves.png averages the models whose names differ only by a -seed<N>/_seed<N>
+    ending). num_sentences: analyse only the first N sentences
     of the subset. sentence_id: the sentence whose per-head attention maps are drawn.
     Writes analysis.json, the CSV tables and the figures into output_dir and returns the
     analysis.json content.

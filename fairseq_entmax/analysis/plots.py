@@ -1,4 +1,5 @@
 """PNG figures of the analysis (matplotlib, non-interactive Agg backend)."""
+import logging
 from pathlib import Path
 
 import matplotlib
@@ -9,6 +10,9 @@ import numpy as np  # noqa: E402
 
 from fairseq_entmax.analysis.capture import ATTENTION_TYPES  # noqa: E402
 from fairseq_entmax.analysis.report import file_label  # noqa: E402
+from fairseq_entmax.analysis.training_log import group_by_variant  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 # Attention maps: exact zeros (sparse attention) white, any nonzero weight visibly blue.
 _NONZERO_CMAP = matplotlib.colors.LinearSegmentedColormap.from_list(
@@ -262,10 +266,77 @@ def attention_maps(model, maps, output_dir):
     return written
 
 
+CURVE_LABELS = {"loss": "validation loss", "nll_loss": "validation NLL loss", "ppl": "validation perplexity",
+                "accuracy": "validation accuracy"}
+LEARNING_CURVES_FIGSIZE, LEARNING_CURVES_DPI = (8, 3.5), 100  # an 800 x 350 pixel PNG
+
+
+def mean_over_runs(runs, metric):
+    """(steps, mean, low, high) of `metric` over the runs (curves of read_validation_curve), at
+    the num_updates every run has a value for; low and high are the min and max over the runs."""
+    per_run = [{s: v for s, v in zip(run["num_updates"], run.get(metric) or []) if v is not None} for run in runs]
+    steps = sorted(set.intersection(*(set(points) for points in per_run))) if per_run else []
+    if not steps:
+        return [], [], [], []
+    values = np.array([[points[s] for s in steps] for points in per_run], dtype=float)
+    return steps, values.mean(0).tolist(), values.min(0).tolist(), values.max(0).tolist()
+
+
+def plot_learning_curves(curves, path, metric="ppl"):
+    """Validation learning curves: `curves` maps a label (model or variant) to a list of curves
+    (one per run or seed, as read_validation_curve returns them). Per label, the mean over its
+    runs at the num_updates all of them have, with the min-max band when there are several;
+    `metric` (default perplexity, on a log axis) in the first panel, accuracy in a second one
+    when logged. Writes an 8 x 3.5 inch PNG at 100 dpi to `path` and returns it, or None when no
+    curve has `metric`."""
+    panels = [metric] + (["accuracy"] if metric != "accuracy" and any(
+        run.get("accuracy") for runs in curves.values() for run in runs) else [])
+    if not any(run.get(metric) for runs in curves.values() for run in runs):
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=LEARNING_CURVES_FIGSIZE, squeeze=False, layout="constrained")
+    for ax, panel in zip(axes[0], panels):
+        for index, (label, runs) in enumerate(curves.items()):
+            steps, mean, low, high = mean_over_runs(runs, panel)
+            if not steps:
+                continue
+            color = f"C{index % 10}"
+            runs_note = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
+            ax.plot(steps, mean, color=color, marker="." if len(steps) < 30 else None, label=label + runs_note)
+            if len(runs) > 1:
+                ax.fill_between(steps, low, high, color=color, alpha=0.2, linewidth=0)
+        if panel == "ppl":
+            ax.set_yscale("log")
+            # plain numbers (20, 30) on the ticks, not 2x10^1; minor ticks labelled on short ranges
+            ax.yaxis.set_major_formatter(matplotlib.ticker.LogFormatter())
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.LogFormatter(minor_thresholds=(2, 0.5)))
+        ax.set_xlabel("updates")
+        ax.set_ylabel(CURVE_LABELS.get(panel, panel))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    title = "Validation learning curves"
+    if any(len(runs) > 1 for runs in curves.values()):
+        title += " (band: min to max over runs)"
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=LEARNING_CURVES_DPI)
+    plt.close(fig)
+    return path
+
+
+def learning_curves(models, output_dir):
+    """learning_curves.png of the models whose training log has validations, the runs of a
+    variant (names that differ only by a -seed<N>/_seed<N> ending) averaged; None if none has."""
+    groups = group_by_variant((m["name"], m.get("validation_curve")) for m in models)
+    if not groups:
+        return None
+    logger.info("learning curves: %s", ", ".join(f"{label} ({len(runs)} run{'s' * (len(runs) > 1)})"
+                                                  for label, runs in groups.items()))
+    return plot_learning_curves(groups, Path(output_dir) / "learning_curves.png")
+
+
 def write_figures(models, maps_per_model, output_dir):
     """All figures; returns the paths written."""
     written = [alpha_histogram(models, output_dir), density_layers(models, output_dir),
-               js_layers(models, output_dir)]
+               js_layers(models, output_dir), learning_curves(models, output_dir)]
     for model, maps in zip(models, maps_per_model):
         written += [alpha_heatmap(model, output_dir), alpha_trajectories(model, output_dir),
                     density_heads(model, output_dir), specialisation(model, output_dir)]

@@ -14,7 +14,7 @@ import torch
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.analysis.capture import attention_sites, capture_attention
 from fairseq_entmax.analysis.metrics import HeadStatistics
-from fairseq_entmax.analysis.training_log import read_trajectories
+from fairseq_entmax.analysis.training_log import read_trajectories, read_validation_curve
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +168,7 @@ def analyse_checkpoint(
     result = _summarise(sites, statistics, positional_threshold, bpe_threshold)
     result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
+    result["validation_curve"] = _validation_curve(cfg, train_log)
     result["_attention_maps"] = maps
     return result
 
@@ -185,6 +186,21 @@ def _trajectories(cfg, train_log):
     if train_log:
         raise FileNotFoundError(f"training log {train_log} does not exist")
     return [], None
+
+
+def _validation_curve(cfg, train_log):
+    """The validation learning curve (of the run's first --valid-subset) from `train_log`, else
+    from the --tensorboard-logdir or --log-file the checkpoint recorded; None if none has one."""
+    subset = (cfg.dataset.get("valid_subset") or "valid").split(",")[0]
+    candidates = [train_log] if train_log else [
+        cfg.common.get("tensorboard_logdir"), cfg.common.get("log_file"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            curve = read_validation_curve(candidate, subset)
+            if curve:
+                return curve
+    return None
 
 
 def _summarise(sites, statistics, positional_threshold, bpe_threshold):

@@ -8,6 +8,9 @@ Two sources, as the fairseq layer logs them:
 Each trajectory is a dict {attention, statistic, layer, head, steps, values}: statistic is
 "mean", "min", "max" or "head" (then layer and head are set, else they are None); steps are
 num_updates.
+
+The same sources give the validation learning curve (read_validation_curve): loss, nll_loss,
+ppl and accuracy of each end-of-validation summary, per num_updates.
 """
 import json
 import logging
@@ -143,3 +146,113 @@ def read_trajectories(path):
     if not trajectories:
         logger.info("no alpha_<type>_* values in %s (a model without learned alpha logs none)", path)
     return trajectories
+
+
+# What a validation summary holds that the learning curve keeps, in this order.
+CURVE_METRICS = ("loss", "nll_loss", "ppl", "accuracy")
+# simple/tqdm format: "epoch 001 | valid on 'valid' subset | loss 5.1 | ... | num_updates 500 | ..."
+_SIMPLE_VALID = re.compile(r"^epoch \d+ \| valid on '([^']*)' subset \| (.*)$")
+
+
+def _validation_stats(line, subset):
+    """The stats of an end-of-validation line of `subset`, keys without the json format's
+    "<subset>_" prefix; None for other lines (and other subsets)."""
+    line = line.strip()
+    prefix = _LOGGING_PREFIX.match(line)
+    payload = line[prefix.end():] if prefix else line
+    if payload.startswith("{"):
+        try:
+            stats = json.loads(payload)
+        except json.JSONDecodeError:
+            return None
+        tag = subset + "_"
+        if not isinstance(stats, dict) or tag + "num_updates" not in stats:
+            return None
+        return {k[len(tag):]: v for k, v in stats.items() if k.startswith(tag)}
+    match = _SIMPLE_VALID.match(payload)
+    if match is None or match.group(1) != subset:
+        return None
+    return {key: value for key, _, value in (part.strip().partition(" ") for part in match.group(2).split(" | "))}
+
+
+def _curve(points):
+    """{num_updates: {metric: value}} -> the curve dict, sorted by num_updates."""
+    steps = sorted(points)
+    curve = {"num_updates": steps}
+    for metric in CURVE_METRICS:
+        if any(metric in points[step] for step in steps):
+            # a metric missing at some step (a log format change mid-run) reads None there
+            curve[metric] = [points[step].get(metric) for step in steps]
+    return curve if steps else {}
+
+
+def _read_validation_file(path, subset):
+    points = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if "num_updates" not in line:
+                continue
+            stats = _validation_stats(line, subset)
+            step = None if stats is None else _to_float(stats.get("num_updates"))
+            if step is None:
+                continue
+            values = {m: _to_float(stats[m]) for m in CURVE_METRICS if m in stats}
+            # a resumed run repeats validations: the later line for the same step wins
+            points[int(step)] = {m: v for m, v in values.items() if v is not None}
+    return points
+
+
+def _read_validation_tensorboard(logdir, subset):
+    """The `subset` run of a --tensorboard-logdir: fairseq writes each validation's scalars
+    (loss, nll_loss, ppl, accuracy, ...) there with step num_updates."""
+    run_dir = Path(logdir) / subset
+    if not run_dir.is_dir():
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    points = {}
+    scalars = accumulator.Tags().get("scalars", [])
+    for metric in CURVE_METRICS:
+        if metric not in scalars:
+            continue
+        # events in the order written: a resumed run's repeated step overwrites the earlier one
+        for event in sorted(accumulator.Scalars(metric), key=lambda e: e.wall_time):
+            points.setdefault(int(event.step), {})[metric] = float(event.value)
+    return points
+
+
+def read_validation_curve(path, subset="valid"):
+    """Validation learning curve from a fairseq training log file (simple, tqdm or json format,
+    with or without the logging prefix) or a --tensorboard-logdir (its `subset` run).
+
+    Returns {"num_updates": [...], "loss": [...], "nll_loss": [...], "ppl": [...],
+    "accuracy": [...]}, sorted by num_updates, a metric's key present only when the log has it
+    (accuracy needs the criterion's --report-accuracy); a later validation of the same
+    num_updates (a resumed run) replaces the earlier one. {} when the log has no validation of
+    `subset`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"training log {path} does not exist")
+    points = _read_validation_tensorboard(path, subset) if path.is_dir() else _read_validation_file(path, subset)
+    return _curve(points)
+
+
+_SEED_SUFFIX = re.compile(r"[-_]seed\d+$")
+
+
+def variant_name(name):
+    """A model's name without a trailing -seed<N> or _seed<N>: the runs of one variant share it."""
+    return _SEED_SUFFIX.sub("", name) or name
+
+
+def group_by_variant(named_curves):
+    """[(name, curve), ...] -> {variant_name(name): [curve, ...]}, in order of first appearance;
+    empty curves (no validation logged) are left out."""
+    groups = {}
+    for name, curve in named_curves:
+        if curve and curve.get("num_updates"):
+            groups.setdefault(variant_name(name), []).append(curve)
+    return groups
