@@ -225,14 +225,27 @@ def _init_tokenizer(lang):
     _tokenizer = (lang, MosesTokenizer(lang=lang))
 
 
-def _tokenize_line(line):
-    lang, tokenizer = _tokenizer
+def _moses(tokenizer, lang, line, aggressive_dash_splits):
     line = line.strip()
     if lang in CHARACTER_SEGMENTED_LANGS:
         line = _CJK.sub(r" \1 ", line)
-    # escape=False keeps & < > as they are (no HTML entities in the vocabulary);
-    # aggressive dash splitting is Moses' -a, as in fairseq's prepare scripts.
-    return tokenizer.tokenize(line, return_str=True, escape=False, aggressive_dash_splits=True)
+    # escape=False keeps & < > as they are (no HTML entities in the vocabulary).
+    return tokenizer.tokenize(line, return_str=True, escape=False, aggressive_dash_splits=aggressive_dash_splits)
+
+
+def _tokenize_line(line):
+    # Aggressive dash splitting is Moses' -a, as in fairseq's prepare scripts.
+    lang, tokenizer = _tokenizer
+    return _moses(tokenizer, lang, line, aggressive_dash_splits=True)
+
+
+def scoring_tokenize(lines, lang):
+    """Moses tokenisation for tokenized BLEU: without -a, whose hyphen splitting turns every
+    hyphenated word into three tokens and raises BLEU as compound splitting does."""
+    from sacremoses import MosesTokenizer
+
+    tokenizer = MosesTokenizer(lang=lang)
+    return [_moses(tokenizer, lang, line, aggressive_dash_splits=False) for line in lines]
 
 
 def tokenize_file(in_path, out_path, lang, workers=1):
@@ -271,13 +284,22 @@ def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
             with open(path, encoding="utf-8") as f:
                 for line in f:
                     out.write(line)
-    run_logged([tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint, "--output", codes_path], log_path)
+    run_logged(learn_bpe_command(joint, merges, codes_path), log_path)
     joint.unlink()
 
 
+def learn_bpe_command(joint_text, merges, codes_path):
+    return [str(a) for a in [tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint_text,
+                             "--output", codes_path]]
+
+
+def apply_bpe_command(codes_path, in_path, out_path, workers=1):
+    return [str(a) for a in [tool("subword-nmt"), "apply-bpe", "--codes", codes_path, "--input", in_path,
+                             "--output", out_path, "--num-workers", workers]]
+
+
 def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
-    run_logged([tool("subword-nmt"), "apply-bpe", "--codes", codes_path, "--input", in_path,
-                "--output", out_path, "--num-workers", workers], log_path)
+    run_logged(apply_bpe_command(codes_path, in_path, out_path, workers), log_path)
 
 
 def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
@@ -306,32 +328,47 @@ def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
     # fairseq-preprocess refuses a destination that holds a dictionary already, which an
     # interrupted run leaves behind: start from an empty folder.
     shutil.rmtree(dest_dir, ignore_errors=True)
-    run_logged([
+    run_logged(preprocess_command(text_dir, src, tgt, dest_dir, workers), log_path)
+
+
+def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
+    """The fairseq-preprocess command: a joined dictionary for joint BPE."""
+    return [str(a) for a in [
         tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
         "--trainpref", Path(text_dir) / "train", "--validpref", Path(text_dir) / "valid",
         "--testpref", Path(text_dir) / "test", "--destdir", dest_dir,
         "--joined-dictionary", "--workers", workers,
-    ], log_path)
+    ]]
 
 
 # --------------------------------------------------------------------------- training
 
 @dataclass
 class TrainSettings:
-    """fairseq-train settings shared by the four attention variants of one experiment."""
+    """fairseq-train settings shared by the attention variants of one experiment. Every field
+    becomes fairseq-train options in `train_command`, the one place that spells them."""
 
     arch: str
-    max_update: int
-    max_tokens: int = 4096
+    max_update: int                    # a cap: with a patience, training may stop before it
+    max_tokens: int = 4096             # per device and batch; times update_freq and devices per update
     update_freq: int = 1
-    lr: float = 5e-4
+    lr: float = 5e-4                   # the peak, reached at the end of the linear warm-up
     warmup_updates: int = 4000
     dropout: float = 0.3
+    attention_dropout: float = 0.0     # on the attention weights, after the normalizer
+    activation_dropout: float = 0.0    # after the ReLU of the feed-forward sublayer
+    normalize_before: bool = False     # pre-norm: LayerNorm before each sublayer, and a final one
+    adam_betas: tuple = (0.9, 0.98)
+    adam_eps: float = 1e-8
     weight_decay: float = 0.0001
+    clip_norm: float = 0.0
     label_smoothing: float = 0.1
     topk: int = 8
-    keep_last_epochs: int = 5          # the checkpoints that get averaged
-    save_interval_updates: int = 0     # > 0: checkpoint (and average) every N updates instead of epochs
+    keep_last_epochs: int = 5          # the checkpoints kept (and averaged when asked)
+    save_interval_updates: int = 0     # > 0: checkpoint (and validate) every N updates instead of epochs
+    validate_every_epoch: bool = True  # False: validate only every save_interval_updates updates
+    patience: int = 0                  # > 0: stop after this many validations without a new best
+    best_metric: str = "loss"          # what checkpoint_best.pt and the patience follow: loss or accuracy
     log_interval: int = 100
     model_args: list = field(default_factory=list)   # size overrides of the architecture
     extra_args: list = field(default_factory=list)
@@ -401,6 +438,44 @@ def _repair_interrupted_checkpoint_last(save_dir, label):
         log(f"{label}: {last.name} was cut short by an interrupt and no complete checkpoint is left; starting over")
 
 
+def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
+    """The fairseq-train command (a list of strings) of one variant and seed."""
+    s = settings
+    args = [
+        tool("fairseq-train"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+        "--arch", s.arch, *variant_args(variant, s.topk), *s.model_args, "--share-all-embeddings",
+        "--dropout", s.dropout, "--attention-dropout", s.attention_dropout,
+        "--activation-dropout", s.activation_dropout,
+        *(["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []),
+        "--optimizer", "adam", "--adam-betas", f"({s.adam_betas[0]}, {s.adam_betas[1]})", "--adam-eps", s.adam_eps,
+        "--weight-decay", s.weight_decay, "--clip-norm", s.clip_norm,
+        "--lr", s.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s.warmup_updates,
+        "--warmup-init-lr", "1e-07",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", s.label_smoothing,
+        "--report-accuracy",
+        "--max-tokens", s.max_tokens, "--update-freq", s.update_freq, "--max-update", s.max_update,
+        "--seed", seed, "--save-dir", save_dir,
+        "--best-checkpoint-metric", s.best_metric,
+        *(["--maximize-best-checkpoint-metric"] if s.best_metric == "accuracy" else []),
+        *(["--patience", s.patience] if s.patience else []),
+        "--tensorboard-logdir", Path(save_dir) / "tensorboard",
+        "--log-format", "simple", "--log-interval", s.log_interval, "--no-progress-bar",
+        "--skip-invalid-size-inputs-valid-test",
+    ]
+    if s.save_interval_updates:
+        args += ["--save-interval-updates", s.save_interval_updates, "--validate-interval-updates",
+                 s.save_interval_updates, "--keep-interval-updates", s.keep_last_epochs, "--no-epoch-checkpoints"]
+        if not s.validate_every_epoch:
+            # fairseq validates (and counts towards the patience) at every epoch's end unless its
+            # epoch intervals are out of reach: then only the update intervals count.
+            args += ["--validate-interval", 1_000_000, "--save-interval", 1_000_000]
+    else:
+        args += ["--keep-last-epochs", s.keep_last_epochs]
+    if cpu:
+        args.append("--cpu")
+    return [str(a) for a in [*args, *s.extra_args]]
+
+
 def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
     """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
     Returns the training wall time in seconds, summed over resumed runs."""
@@ -421,26 +496,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
     else:
         log(f"{label}: training ({settings.max_update} updates)")
-    args = [
-        tool("fairseq-train"), data_bin, "--user-dir", user_dir(), "--task", "translation",
-        "--arch", settings.arch, *variant_args(variant, settings.topk), *settings.model_args,
-        "--share-all-embeddings",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", settings.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", settings.warmup_updates,
-        "--warmup-init-lr", "1e-07", "--dropout", settings.dropout, "--weight-decay", settings.weight_decay,
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", settings.label_smoothing,
-        "--max-tokens", settings.max_tokens, "--update-freq", settings.update_freq,
-        "--max-update", settings.max_update, "--seed", seed,
-        "--save-dir", save_dir, "--keep-last-epochs", settings.keep_last_epochs,
-        "--tensorboard-logdir", save_dir / "tensorboard",
-        "--log-format", "simple", "--log-interval", settings.log_interval, "--no-progress-bar",
-        "--skip-invalid-size-inputs-valid-test", *settings.extra_args,
-    ]
-    if settings.save_interval_updates:
-        args += ["--save-interval-updates", settings.save_interval_updates,
-                 "--keep-interval-updates", settings.keep_last_epochs, "--no-epoch-checkpoints"]
-    if use_cpu():
-        args.append("--cpu")
+    args = train_command(data_bin, save_dir, variant, settings, seed, cpu=use_cpu())
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()
@@ -527,7 +583,34 @@ def averaged_checkpoint(save_dir, n, label):
     return out
 
 
+def select_checkpoint(save_dir, select, n, label):
+    """The checkpoint of a finished run to evaluate: "last" (checkpoint_last.pt), "best"
+    (checkpoint_best.pt: the best validation metric fairseq saw, see TrainSettings.best_metric)
+    or "average" (the parameters of the last n checkpoints averaged)."""
+    save_dir = Path(save_dir)
+    if select == "average":
+        return averaged_checkpoint(save_dir, n, label)
+    if select not in ("last", "best"):
+        raise PipelineError(f"unknown checkpoint selection {select!r}: last, best or average")
+    return save_dir / f"checkpoint_{select}.pt"
+
+
 # --------------------------------------------------------------------------- translation and scoring
+
+def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
+    """The fairseq-generate command (a list of strings) that translates `subset` into out_dir."""
+    args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+            "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
+            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir,
+            # fairseq's batch_by_size drops the last batch when its size is not a multiple of
+            # this (8 by default): without it some test sentences are silently not translated.
+            "--required-batch-size-multiple", 1]
+    if max_len:
+        args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
+    if cpu:
+        args.append("--cpu")
+    return [str(a) for a in args]
+
 
 def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label="", max_len=None):
     """fairseq-generate the subset; returns the hypotheses (BPE removed, still tokenised), in
@@ -542,16 +625,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
         log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
     log(f"{label}: translating {subset} (beam {beam})")
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
-            "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
-            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir,
-            # fairseq's batch_by_size drops the last batch when its size is not a multiple of
-            # this (8 by default): without it some test sentences are silently not translated.
-            "--required-batch-size-multiple", 1]
-    if max_len:
-        args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
-    if use_cpu():
-        args.append("--cpu")
+    args = generate_command(data_bin, checkpoint, subset, out_dir, beam, lenpen, max_len, cpu=use_cpu())
     run_logged(args, out_dir / "generate.log")
     hypotheses = {}
     for line in read_lines(out_dir / f"generate-{subset}.txt"):
@@ -567,10 +641,12 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     return ordered
 
 
-def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True):
-    """BLEU and chrF with sacrebleu. `bleu_tok`: BLEU on Moses-tokenised text, as the paper
-    reports it (multi-bleu.perl); `bleu`/`chrf`: sacreBLEU on detokenised output against the
-    raw references, with their signatures."""
+def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True, retokenize=False):
+    """BLEU and chrF with sacrebleu. `bleu_tok`: BLEU on tokenised text, as the paper reports it
+    (multi-bleu.perl): hypotheses_tok against references_tok, or with `retokenize` the
+    detokenised hypotheses against the raw references, both through `scoring_tokenize`.
+    `bleu`/`chrf`: sacreBLEU on detokenised output against the raw references, with their
+    signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses_tok) != len(references_tok):
@@ -586,12 +662,26 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
     if tokenized_bleu:
         # force: sacrebleu would warn that this text looks tokenised, which it is on purpose.
         bleu_tok = BLEU(tokenize="none", force=True)
+        if retokenize:
+            hypotheses_tok = scoring_tokenize(detokenized, tgt_lang)
+            references_tok = scoring_tokenize(references_raw, tgt_lang)
         result["bleu_tok"] = round(bleu_tok.corpus_score(hypotheses_tok, [references_tok]).score, 2)
         result["bleu_tok_signature"] = str(bleu_tok.get_signature())
     return result
 
 
 # --------------------------------------------------------------------------- attention analysis
+
+def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
+    """The fairseq-entmax-analyze command over the checkpoints (label -> path)."""
+    args = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", user_dir(), "--subset", subset,
+            "--output-dir", out_dir]
+    for label, path in checkpoints.items():
+        args += ["--path", path, "--name", label]
+    if num_sentences:
+        args += ["--num-sentences", num_sentences]
+    return [str(a) for a in args]
+
 
 def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None):
     """Run fairseq-entmax-analyze over the given checkpoints (label -> path); returns
@@ -610,12 +700,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         report.unlink(missing_ok=True)
     if not report.exists():
         log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
-        args = [command, data_bin, "--user-dir", user_dir(), "--subset", subset, "--output-dir", out_dir]
-        for label, path in checkpoints.items():
-            args += ["--path", path, "--name", label]
-        if num_sentences:
-            args += ["--num-sentences", num_sentences]
-        run_logged(args, log_path)
+        run_logged(analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences), log_path)
         mark_done(marker, settings=made_with)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
     summary = {}
@@ -679,24 +764,25 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
 
 
 def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, references_raw, tgt,
-                       label=None, average_last=1, beam=5, lenpen=1.0, max_len=None, tokenized_bleu=True,
-                       threads=None):
-    """Train one variant with one seed, average its last checkpoints, translate the test set
-    and score it. Returns a result row (without the attention analysis)."""
+                       label=None, select="last", beam=5, lenpen=1.0, max_len=None, tokenized_bleu=True,
+                       retokenize=False, threads=None):
+    """Train one variant with one seed (skipped when trained), translate the test set with the
+    checkpoint `select` names (see select_checkpoint) and score it. Returns a result row
+    (without the attention analysis)."""
     name = f"{variant}-seed{seed}"
     label = label or name
     save_dir = Path(work) / "models" / name
     seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
-    if average_last > 1:
-        checkpoint = averaged_checkpoint(save_dir, average_last, label)
-    else:
-        checkpoint = save_dir / "checkpoint_last.pt"
-    hypotheses = generate(data_bin, checkpoint, "test", Path(work) / "eval" / name, beam=beam, lenpen=lenpen,
-                          label=label, max_len=max_len)
-    scores = score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu)
+    checkpoint = select_checkpoint(save_dir, select, settings.keep_last_epochs, label)
+    eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
+    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label,
+                          max_len=max_len)
+    scores = score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu,
+                   retokenize=retokenize)
     shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
     log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
-    return {"model": variant, "seed": seed, "checkpoint": str(checkpoint), **scores, "train_seconds": seconds}
+    return {"model": variant, "seed": seed, "selection": select, "checkpoint": str(checkpoint), **scores,
+            "train_seconds": seconds}
 
 
 # --------------------------------------------------------------------------- results table

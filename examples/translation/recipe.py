@@ -1,26 +1,30 @@
 """Recipes for the translation experiments of Correia et al. (2019), Table 1, with fairseq:
-softmax, 1.5-entmax, learned alpha-entmax and top-k (k = 8) attention in Transformer base.
+softmax, 1.5-entmax and learned alpha-entmax attention (top-k, k = 8, on request) in
+Transformer base, with the settings of the paper and the authors' code (tasks.py has the table,
+each value with its source; docs/recipes.md shows it).
 
-    .venv/bin/python examples/translation/recipe.py iwslt17              # IWSLT17 de-en, downloads
+    .venv/bin/python examples/translation/recipe.py iwslt17 --dry-run   # every command, nothing run
+    .venv/bin/python examples/translation/recipe.py iwslt17              # IWSLT17 de-en on the GPUs it sees
     .venv/bin/python examples/translation/recipe.py kftt --raw-dir DIR   # KFTT ja-en from your files
-    .venv/bin/python examples/translation/recipe.py wmt16 --smoke        # tiny end-to-end check
+    .venv/bin/python examples/translation/recipe.py wmt16 --smoke        # tiny end-to-end check on a CPU
     .venv/bin/python examples/translation/recipe.py wmt14 --models alpha_entmax --seed 2
 
 Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   prepare   official data -> plain text train/valid/test.{src,tgt} (download, or --raw-dir DIR
             holding those six files, or in --smoke mode real text from ../shared/data)
-  tokenize  Moses tokenisation with sacremoses (Japanese: split into characters first)
+  tokenize  Moses tokenisation with sacremoses (not KFTT: its official text is tokenised)
   bpe       joint BPE, 32k merges (subword-nmt); training pairs cleaned as clean-corpus-n.perl
   binarize  fairseq-preprocess with a joined dictionary
-  train     fairseq-train per attention variant: Transformer base, 8192-token batches, Adam,
-            4000 warm-up updates then inverse square root
-  average   average of the last 5 checkpoints
-  evaluate  fairseq-generate (beam 5) on test; tokenized BLEU as in the paper, sacreBLEU and chrF
-  analyze   fairseq-entmax-analyze on test: attention density, learned alphas, figures
+  train     fairseq-train per attention variant: 8192 tokens per update on any number of GPUs,
+            validation accuracy every 5k or 10k updates, stop after 3 without improvement
+  evaluate  fairseq-generate (beam 5, no length normalisation) with the best checkpoint;
+            tokenized BLEU as in the paper, sacreBLEU and chrF; --average-last N adds the
+            average of the last N checkpoints, reported apart
+  analyze   fairseq-entmax-analyze on the validation set: density, learned alphas, figures
 """
 import argparse
-import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -31,8 +35,12 @@ sys.path.insert(0, str(EXAMPLES))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import log  # noqa: E402
-from tasks import SMOKE_BPE_MERGES, SMOKE_TRAIN, TASKS, download, write_smoke_data  # noqa: E402
+from entmax_recipes.pipeline import PipelineError, log  # noqa: E402
+from corpora import download, write_smoke_data  # noqa: E402
+from tasks import (  # noqa: E402
+    DATA, DECODING, SMOKE_BPE_MERGES, SMOKE_TRAIN, TABLE1_VARIANTS, TASKS, batch_shape, tokenized_bleu_note,
+    train_settings,
+)
 
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -44,21 +52,31 @@ def parse_args(argv=None):
     parser.add_argument("--tgt", help="target language")
     parser.add_argument("--smoke", action="store_true",
                         help="every stage at tiny scale on real text from ../shared/data (minutes on a CPU)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every command the recipe would run, one per line, and run nothing")
+    parser.add_argument("--num-gpus", type=int,
+                        help="with --dry-run: the GPUs to plan for (default 1); a real run uses the GPUs it sees")
+    parser.add_argument("--cpu", action="store_true",
+                        help="run the full recipe on a CPU although no GPU is there (weeks for Transformer base)")
+    parser.add_argument("--fp16", action="store_true", help="train in half precision (fairseq --fp16; GPU only)")
     parser.add_argument("--raw-dir", type=Path, help="read plain text {train,valid,test}.{src,tgt} from here "
                         "instead of downloading the official data")
     parser.add_argument("--shared-data", type=Path, default=DEFAULT_SHARED_DATA,
                         help="the project's shared data folder, for --smoke (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="where everything goes (default: runs/<task>-<src>-<tgt>[-smoke])")
-    parser.add_argument("--models", nargs="+", default=list(pipeline.VARIANTS), choices=pipeline.VARIANTS,
-                        help="attention variants (default: all four)")
+    parser.add_argument("--models", nargs="+", default=list(TABLE1_VARIANTS), choices=pipeline.VARIANTS,
+                        help="attention variants (default: the paper's Table 1: softmax entmax15 alpha_entmax)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-update", type=int, help="training updates (default: per task)")
-    parser.add_argument("--max-tokens", type=int, help="tokens per batch per device (default: 8192); with "
-                        "--update-freq N, the batch is N times larger")
-    parser.add_argument("--update-freq", type=int, help="accumulate gradients over N batches")
+    parser.add_argument("--max-update", type=int, help="cap on the training updates (default: per task)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per batch per GPU (default: 8192 / GPUs); "
+                        "--max-tokens x --update-freq x GPUs must make the paper's 8192 tokens per update")
+    parser.add_argument("--update-freq", type=int, help="accumulate gradients over N batches (default: what "
+                        "makes 8192 tokens per update)")
+    parser.add_argument("--average-last", type=int, default=0, metavar="N",
+                        help="also evaluate the average of the last N checkpoints, reported apart (default: no)")
     parser.add_argument("--workers", type=int, default=1, help="processes for tokenisation, BPE and binarisation")
     parser.add_argument("--analysis-sentences", type=int,
-                        help="test sentences the attention analysis runs over (default: 500, 100 with --smoke)")
+                        help="validation sentences the attention analysis runs over (default: all; 100 with --smoke)")
     parser.add_argument("--skip-analysis", action="store_true", help="no fairseq-entmax-analyze stage")
     args = parser.parse_args(argv)
     task = TASKS[args.task]
@@ -70,6 +88,10 @@ def parse_args(argv=None):
         parser.error(f"unknown language pair {pair[0]}-{pair[1]} for {task.title}: use {supported}")
     if args.smoke and args.raw_dir:
         parser.error("--smoke reads ../shared/data; --raw-dir is for full runs: give one of them")
+    if args.num_gpus is not None and not args.dry_run:
+        parser.error("--num-gpus plans a --dry-run; a real run uses the GPUs it sees (CUDA_VISIBLE_DEVICES)")
+    if args.average_last == 1 or args.average_last < 0:
+        parser.error("--average-last N needs N >= 2 checkpoints")
     args.src, args.tgt = pair
     return args
 
@@ -78,17 +100,151 @@ def main(argv=None):
     return pipeline.run_reporting_errors(run, parse_args(argv))
 
 
+def devices(args):
+    """(number of GPUs to train on, whether to train on the CPU). The full recipe trains
+    Transformer base for 100k+ updates: on a CPU that is weeks, so without CUDA it stops before
+    any download unless --cpu insists. --smoke is made for the CPU."""
+    if args.dry_run:
+        return args.num_gpus or 1, False
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if args.smoke:
+        return max(gpus, 1), gpus == 0
+    if gpus == 0 and not args.cpu:
+        raise PipelineError(
+            "no CUDA device found: the full recipe trains Transformer base models for 100k+ updates each, weeks "
+            "on a CPU. Run it on a machine with a GPU, use --smoke for a CPU-sized check of every stage, "
+            "--dry-run to see the commands, or --cpu to train on this CPU anyway.")
+    return max(gpus, 1), gpus == 0
+
+
+def experiment_settings(args, num_gpus):
+    """The TrainSettings of this run: the task's table (or the smoke mode's), batch shaped for
+    the paper's 8192 tokens per update on num_gpus devices, with the command line's overrides."""
+    if args.smoke:
+        settings = SMOKE_TRAIN
+        for option in ("max_update", "max_tokens", "update_freq"):
+            if getattr(args, option):
+                settings = _replace(settings, **{option: getattr(args, option)})
+    else:
+        max_tokens, update_freq = batch_shape(num_gpus, args.max_tokens, args.update_freq)
+        settings = train_settings(args.task, max_tokens, update_freq)
+        if args.max_update:
+            settings = _replace(settings, max_update=args.max_update)
+    extra = ["--fp16"] if args.fp16 else []
+    if num_gpus > 1:
+        # fairseq would take every visible GPU; naming the count keeps the 8192 tokens per update.
+        extra += ["--distributed-world-size", num_gpus]
+    return _replace(settings, extra_args=[*settings.extra_args, *extra]) if extra else settings
+
+
+def _replace(settings, **changes):
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)
+
+
+class Layout:
+    """Where a run's files go, shared by the run and the dry run."""
+
+    def __init__(self, args):
+        task = TASKS[args.task]
+        self.task, self.src, self.tgt = task, args.src, args.tgt
+        self.work = (args.work_dir or REPO / "runs" / f"{task.name}-{args.src}-{args.tgt}"
+                     f"{'-smoke' if args.smoke else ''}").resolve()
+        self.raw = args.raw_dir if args.raw_dir else self.work / "raw"
+        # The official KFTT text is tokenised; the smoke mode's KFTT text is not.
+        self.tokenize = not (task.pretokenized and not args.smoke)
+        self.text = self.work / "tok" if self.tokenize else Path(self.raw)
+        self.bpe = self.work / "bpe"
+        self.data_bin = self.work / "data-bin"
+        # sacreBLEU scores against the untokenised test set.
+        orig = Path(self.raw) / f"test.orig.{args.tgt}"
+        self.references_raw = orig if not self.tokenize else Path(self.raw) / f"test.{args.tgt}"
+        self.analysis = self.work / f"analysis-seed{args.seed}"
+
+    def save_dir(self, variant, seed):
+        return self.work / "models" / f"{variant}-seed{seed}"
+
+
+def dry_run(args, settings, num_gpus):
+    """Print every command of the recipe, in order, as a shell would run them. Stages done in
+    Python (downloading, extracting, tokenising, cleaning, averaging, scoring) are comment lines
+    naming the function that does them."""
+    layout, task = Layout(args), TASKS[args.task]
+    src, tgt, work = args.src, args.tgt, layout.work
+    bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
+    tokens = settings.max_tokens * settings.update_freq * num_gpus
+    lines = [f"# {task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
+             f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
+             f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {work}"]
+    if args.smoke:
+        lines.append(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.write_smoke_data)")
+    elif args.raw_dir:
+        lines.append(f"# prepare: plain text from {args.raw_dir}")
+    else:
+        lines += [f"# prepare: download {url} -> {work / 'downloads' / name} (corpora.download)"
+                  for url, name in task.downloads]
+        lines.append(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})")
+    if layout.tokenize:
+        lines.append(f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
+                     f" -> {layout.text} (pipeline.tokenize_file)")
+    joint = layout.bpe / "codes.joint-train.txt"
+    lines.append(f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
+                 f" > {shlex.quote(str(joint))}")
+    lines.append(shlex.join(pipeline.learn_bpe_command(joint, bpe_merges, layout.bpe / "codes")))
+    for split in pipeline.SPLITS:
+        for lang in (src, tgt):
+            lines.append(shlex.join(pipeline.apply_bpe_command(
+                layout.bpe / "codes", layout.text / f"{split}.{lang}", layout.bpe / f"{split}.{lang}", args.workers)))
+    max_len, ratio = DATA["clean"].value[0], task.clean_max_ratio
+    lines.append(f"# bpe: drop training pairs that are empty, > {max_len} tokens"
+                 + (f" or of length ratio > {ratio}" if ratio else "") + " (pipeline.clean_training_pair)")
+    lines.append(shlex.join(pipeline.preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
+    checkpoints = {}
+    for variant in args.models:
+        save_dir = layout.save_dir(variant, args.seed)
+        lines.append(shlex.join(pipeline.train_command(layout.data_bin, save_dir, variant, settings, args.seed,
+                                                       cpu=args.cpu)))
+        for select in ("best",) + (("average",) if args.average_last else ()):
+            if select == "average":
+                checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
+                lines.append(f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
+                             f"-> {checkpoint} (pipeline.average_checkpoints)")
+            else:
+                checkpoint = checkpoints[variant] = save_dir / "checkpoint_best.pt"
+            out = work / "eval" / f"{variant}-seed{args.seed}-{select}"
+            lines.append(shlex.join(pipeline.generate_command(
+                layout.data_bin, checkpoint, "test", out, DECODING["beam"].value, DECODING["lenpen"].value,
+                (1.2, 10) if args.smoke else None, cpu=args.cpu)))
+            lines.append(f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
+                         f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (pipeline.score)")
+    if not args.skip_analysis:
+        lines.append(shlex.join(pipeline.analyze_command(
+            layout.data_bin, checkpoints, "valid", layout.analysis, _analysis_sentences(args))))
+    print("\n".join(lines))
+
+
+def _analysis_sentences(args):
+    return args.analysis_sentences or (100 if args.smoke else None)
+
+
 def run(args):
-    task, src, tgt = TASKS[args.task], args.src, args.tgt
-    overrides = {name: getattr(args, name) for name in ("max_update", "max_tokens", "update_freq") if getattr(args, name)}
-    settings = dataclasses.replace(SMOKE_TRAIN if args.smoke else task.train, **overrides)
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else task.bpe_merges
-    work = (args.work_dir or REPO / "runs" / f"{task.name}-{src}-{tgt}{'-smoke' if args.smoke else ''}").resolve()
+    num_gpus, cpu = devices(args)
+    settings = experiment_settings(args, num_gpus)
+    if args.dry_run:
+        dry_run(args, settings, num_gpus)
+        return
+    layout, task, src, tgt = Layout(args), TASKS[args.task], args.src, args.tgt
+    work, raw_dir = layout.work, layout.raw
+    bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
     started = time.time()
-    log(f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}")
+    log(f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}; "
+        + ("CPU" if cpu else f"{num_gpus} GPU(s)")
+        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update")
 
     # prepare: plain, line-aligned text, checked before anything long starts.
-    raw_dir = args.raw_dir if args.raw_dir else work / "raw"
     # A corpus prepared from other data is refused, not reused.
     prepared_from = ({"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]} if args.smoke
                      else {"downloads": task.name, "pair": [src, tgt]})
@@ -108,34 +264,45 @@ def run(args):
     counts = pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in pipeline.SPLITS})
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
-    clean = (task.clean_max_len, task.clean_max_ratio)
-    text_dir, data_bin = pipeline.build_dataset(raw_dir, src, tgt, work, bpe_merges, clean=clean, workers=args.workers)
+    clean = (DATA["clean"].value[0], task.clean_max_ratio)
+    text_dir, data_bin = pipeline.build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize,
+                                                clean=clean, workers=args.workers)
 
-    # train, average, evaluate
+    # train, select, evaluate
     references_tok = pipeline.read_lines(text_dir / f"test.{tgt}")
-    references_raw = pipeline.read_lines(raw_dir / f"test.{tgt}")
+    references_raw = pipeline.read_lines(layout.references_raw)
+    selections = ("best",) + (("average",) if args.average_last else ())
+    if args.average_last:
+        settings = _replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
     rows = []
     for i, variant in enumerate(args.models, 1):
-        rows.append(pipeline.train_and_evaluate(
-            data_bin, work, variant, args.seed, settings, references_tok, references_raw, tgt,
-            label=f"{variant} [{i}/{len(args.models)}]", average_last=settings.keep_last_epochs,
-            beam=task.beam, lenpen=task.lenpen, max_len=(1.2, 10) if args.smoke else None))
-    checkpoints = {row["model"]: row["checkpoint"] for row in rows}
+        for select in selections:
+            rows.append(pipeline.train_and_evaluate(
+                data_bin, work, variant, args.seed, settings, references_tok, references_raw, tgt,
+                label=f"{variant} [{i}/{len(args.models)}]", select=select, beam=DECODING["beam"].value,
+                lenpen=DECODING["lenpen"].value, max_len=(1.2, 10) if args.smoke else None,
+                retokenize=layout.tokenize))
+    checkpoints = {row["model"]: row["checkpoint"] for row in rows if row["selection"] == "best"}
 
-    # analyze
+    # analyze, on the validation set as the paper
     if not args.skip_analysis:
-        analysis = pipeline.analyze(data_bin, checkpoints, "test", work / f"analysis-seed{args.seed}",
-                                    work / f"analysis-seed{args.seed}.log",
-                                    num_sentences=args.analysis_sentences or (100 if args.smoke else 500))
+        analysis = pipeline.analyze(data_bin, checkpoints, "valid", layout.analysis,
+                                    work / f"analysis-seed{args.seed}.log", num_sentences=_analysis_sentences(args))
         for row in rows:
-            row.update((analysis or {}).get(row["model"], {}))
+            if row["selection"] == "best":
+                row.update((analysis or {}).get(row["model"], {}))
 
-    table = pipeline.format_table(rows, bleu_tok=True)
+    best = [row for row in rows if row["selection"] == "best"]
     lines = [f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
              f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
-             "", table, "",
-             f"tok BLEU: {rows[0]['bleu_tok_signature']} on Moses-tokenised text (multi-bleu.perl)",
-             f"BLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]
+             "", "Best checkpoint (validation accuracy):", "", pipeline.format_table(best, bleu_tok=True)]
+    averaged = [dict(row, model=f"{row['model']} (avg {args.average_last})") for row in rows
+                if row["selection"] == "average"]
+    if averaged:
+        lines += ["", f"Average of the last {args.average_last} checkpoints:", "",
+                  pipeline.format_table(averaged, bleu_tok=True)]
+    lines += ["", f"tok BLEU: {rows[0]['bleu_tok_signature']}; {tokenized_bleu_note(task.name, layout.tokenize)}",
+              f"BLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]
     if not args.smoke and (src, tgt) == task.pairs[0]:
         lines.append("paper (tokenized BLEU): " + ", ".join(f"{k} {v}" for k, v in task.paper_bleu.items()))
     report = "\n".join(lines)

@@ -1,25 +1,118 @@
-"""The four translation tasks of Correia et al. (2019), Table 1, as recipe configurations.
+"""The four translation tasks of Correia et al. (2019), Table 1, as recipe configurations, and
+the one table of the settings the recipes train and evaluate with.
 
-Each task says where its official data is, how to turn it into line-aligned plain text
-(train/valid/test.{src,tgt}), the training settings of the paper, and which real text in
-../shared/data its smoke mode runs on.
+Every setting has its source: the paper (Correia, Niculae and Martins 2019, section 4, the same
+text as the first author's thesis, chapter 4), the authors' code (github goncalomcorreia/open-nmt,
+branch sparse-transformers, an OpenNMT-py fork) where the paper is silent, or, where both are,
+fairseq's usual choice, said so. docs/recipes.md shows `settings_table()` and `DEPARTURES`, and
+tests/test_recipes.py fails when the page and this module disagree.
 """
-import shutil
 import sys
-import tarfile
-import urllib.error
-import urllib.request
-import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from entmax_recipes.pipeline import PipelineError, TrainSettings, log  # noqa: E402
+from entmax_recipes.pipeline import PipelineError, TrainSettings  # noqa: E402
 
-# The paper: Transformer base (6+6 layers, d=512, 8 heads), batches of 8192 tokens, linear
-# warm-up then inverse square root decay. fairseq's usual Adam settings for that model.
-PAPER_ARCH = "adaptively_sparse_transformer"   # fairseq's `transformer` (base) sizes
-PAPER_MAX_TOKENS = 8192
+from corpora import (  # noqa: E402
+    PRETOKENIZED_TASKS, prepare_iwslt17, prepare_kftt, prepare_wmt14_en_de, prepare_wmt16_ro_en,
+)
+
+PAPER = "paper, section 4"
+CODE = "authors' code"
+NOT_STATED = "not stated"
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """A setting's value and where it comes from."""
+
+    value: object
+    source: str
+
+
+TOKENS_PER_UPDATE = Sourced(8192, f'{PAPER}: "a mini-batch size of 8192 tokens"')
+
+# The settings shared by the four tasks. Keys are TrainSettings fields where there is one.
+RECIPE = {
+    "arch": Sourced("adaptively_sparse_transformer",
+                    f"{PAPER}: Transformer base (6+6 layers, d = 512, 8 heads, FFN 2048: fairseq's `transformer` sizes)"),
+    "normalize_before": Sourced(True, f"{CODE}: onmt/encoders/transformer.py, onmt/decoders/transformer.py "
+                                      "(LayerNorm before each sublayer, a final LayerNorm)"),
+    "dropout": Sourced(0.1, f"{CODE}: config/config-transformer-base-1GPU.yml (dropout 0.1)"),
+    "attention_dropout": Sourced(0.1, f"{CODE}: onmt/modules/multi_headed_attn.py (the same dropout on the "
+                                      "attention weights unless -no_attn_drop, off by default in onmt/opts.py)"),
+    "activation_dropout": Sourced(0.1, f"{CODE}: onmt/modules/position_ffn.py (dropout after the ReLU)"),
+    "warmup_updates": Sourced(20000, f'{PAPER}: "warm up the learning rate linearly until 20k steps"'),
+    "lr": Sourced(6.25e-4, f"{CODE}: config (noam, learning_rate 2.0): peak 2 / sqrt(512 x 20000) with the "
+                           "paper's warm-up; fairseq's inverse_sqrt with that peak is the same curve"),
+    "adam_betas": Sourced((0.9, 0.998), f"{CODE}: config (adam_beta2 0.998)"),
+    "adam_eps": Sourced(1e-9, f"{CODE}: onmt/utils/optimizers.py (Adam, eps 1e-9)"),
+    "weight_decay": Sourced(0.0, f"{CODE}: onmt/utils/optimizers.py (Adam without weight decay)"),
+    "clip_norm": Sourced(0.0, f"{CODE}: config (max_grad_norm 0)"),
+    "label_smoothing": Sourced(0.1, f"{CODE}: config (label_smoothing 0.1)"),
+    "best_metric": Sourced("accuracy", f'{PAPER}: "trained until the convergence of validation accuracy"; '
+                                       "the best checkpoint is evaluated"),
+    "patience": Sourced(3, f"{NOT_STATED}: stop after 3 validations without a better accuracy (fairseq --patience)"),
+    "topk": Sourced(8, "Zhao et al. 2019: k = 8, their usual choice (top-k is not in Table 1)"),
+}
+DECODING = {
+    "beam": Sourced(5, f"{CODE}: onmt/opts.py (-beam_size 5)"),
+    "lenpen": Sourced(0.0, f"{CODE}: onmt/opts.py (-length_penalty none: no length normalisation, fairseq --lenpen 0)"),
+}
+DATA = {
+    "bpe_merges": Sourced(32000, f"{PAPER}: joint BPE with 32k merges"),
+    "clean": Sourced((250, 1.5), f"{NOT_STATED}: fairseq's prepare scripts (clean-corpus-n.perl: 1-250 tokens, "
+                                 "length ratio <= 1.5)"),
+}
+# The paper's validation intervals; the update caps only end a run that never converges.
+VALIDATE_EVERY = {"iwslt17": 5000, "kftt": 5000, "wmt16": 10000, "wmt14": 10000}
+VALIDATE_SOURCE = f'{PAPER}: "every 10k steps for ro-en and en-de and every 5k steps for de-en and ja-en"'
+MAX_UPDATE = {"iwslt17": 100000, "kftt": 100000, "wmt16": 200000, "wmt14": 300000}
+MAX_UPDATE_SOURCE = f"{NOT_STATED}: a cap for a run that never meets the patience"
+LEARNED_ALPHA = Sourced("alpha = 1 + sigmoid(a) per head, layer and attention type, a ~ N(0, 1), clamped to "
+                        "[1.01, 2] (`--alpha-init random`)",
+                        f"{CODE}: AlphaChooser in onmt/modules/sparse_activations.py")
+# Attention variants the recipes train by default: the paper's Table 1. Top-k is one option away.
+TABLE1_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
+
+# What remains different from the paper and the authors' code, and why.
+DEPARTURES = [
+    ("Embeddings: encoder, decoder and output share one matrix (`--share-all-embeddings`).",
+     "The paper is silent and the authors' base config shares none; joint BPE gives one vocabulary, and "
+     "sharing it is fairseq's usual choice for that (its translation examples)."),
+    ("LayerNorm epsilon 1e-5 (fairseq) instead of 1e-6 (authors' code).",
+     "fairseq's Transformer has no option for it; it only matters for activations whose variance is "
+     "near 1e-5."),
+    ("Tokens per batch counted as fairseq counts them (`--max-tokens`: padded source or target length, "
+     "whichever is larger, summed over the sentences).",
+     "OpenNMT-py counts its batch tokens its own way; both give batches of about 8192 tokens."),
+    ("Stopping: 3 validations without a better validation accuracy (`--patience 3`), with an update cap.",
+     "The paper trains \"until the convergence of validation accuracy\" without saying how that was judged."),
+    ("Japanese (KFTT): the KyTea segmentation KFTT ships (`data/tok`), then joint BPE.",
+     "The paper does not say how it segmented Japanese; KFTT's own tokenisation of its cleaned training set "
+     "(~330k pairs) matches the paper's ~300k."),
+    ("Moses tokenisation with aggressive hyphen splitting (`-a`) before BPE (not KFTT, tokenised already).",
+     "The paper does not say; it is what fairseq's prepare scripts do. Scoring does not split hyphens (below)."),
+    ("IWSLT17: valid dev2010, test tst2015; WMT14: test newstest2014 (full); WMT16: newsdev2016 / newstest2016.",
+     "The paper names no split for IWSLT17; the WMT ones are the usual ones."),
+    ("Decoding length cap: fairseq's default (200 tokens) instead of OpenNMT-py's max_length 100.",
+     "Only sentences that would translate longer than 100 tokens differ."),
+]
+# How "tokenized BLEU" is computed; the paper says only "tokenized BLEU". Text the recipe
+# tokenised itself is detokenised and tokenised again without -a; KFTT's official text keeps
+# its own tokenisation.
+TOKENIZED_BLEU_MOSES = "multi-bleu on Moses-tokenised detokenised output and reference, no hyphen splitting"
+TOKENIZED_BLEU_OFFICIAL = "multi-bleu on the corpus' own tokenisation of output and reference (KFTT data/tok)"
+TOKENIZED_BLEU_NOTES = {
+    "wmt14": "no compound splitting either: Vaswani et al.'s en-de figures split compounds",
+}
+
+
+def tokenized_bleu_note(task_name, retokenized):
+    """How tokenized BLEU was computed for this task, for the results and the docs."""
+    note = TOKENIZED_BLEU_MOSES if retokenized else TOKENIZED_BLEU_OFFICIAL
+    return note + (f" ({TOKENIZED_BLEU_NOTES[task_name]})" if task_name in TOKENIZED_BLEU_NOTES else "")
 
 
 @dataclass
@@ -37,144 +130,76 @@ class Task:
     pairs: tuple                 # supported (src, tgt); the first is the paper's direction
     downloads: list              # (url, file name) of the official data
     prepare: object              # function(downloads_dir, out_dir, src, tgt) -> writes plain text
-    train: TrainSettings
     smoke: SmokeData
     paper_bleu: dict             # the paper's tokenized BLEU (Table 1), paper direction only
-    bpe_merges: int = 32000
-    clean_max_len: int = 250
-    clean_max_ratio: float = 1.5     # None: no length-ratio rule
-    beam: int = 5
-    lenpen: float = 1.0
     data_notes: str = ""
+    pretokenized: bool = False   # the official text is tokenised already (written with test.orig.*)
+    clean_max_ratio: object = field(default=DATA["clean"].value[1])   # None: no length-ratio rule
 
 
-# --------------------------------------------------------------------------- downloading
+def _value(sourced):
+    return sourced.value
 
-def download(url, dest):
-    """Fetch url into dest (skipped when dest exists: put files there by hand when offline)."""
-    dest = Path(dest)
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {url}")
-    partial = dest.with_suffix(dest.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-            total = int(response.headers.get("Content-Length") or 0)
-            done, next_report = 0, 0
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-                done += len(chunk)
-                if done >= next_report:
-                    log(f"  {done >> 20} MiB" + (f" of {total >> 20} MiB" if total else ""))
-                    next_report = done + (50 << 20)
-    except (urllib.error.URLError, OSError) as error:
-        partial.unlink(missing_ok=True)
+
+def train_settings(task_name, max_tokens, update_freq):
+    """The TrainSettings of a full run of one task, from the tables above."""
+    every = VALIDATE_EVERY[task_name]
+    return TrainSettings(
+        **{key: _value(s) for key, s in RECIPE.items()},
+        max_update=MAX_UPDATE[task_name], max_tokens=max_tokens, update_freq=update_freq,
+        save_interval_updates=every, validate_every_epoch=False, keep_last_epochs=5, log_interval=100,
+    )
+
+
+def batch_shape(num_gpus, max_tokens=None, update_freq=None):
+    """(max_tokens per GPU, update_freq) giving exactly the paper's 8192 tokens per update on
+    num_gpus devices. Without either option, 8192 / num_gpus tokens per device and no
+    accumulation; a combination that cannot make 8192 raises PipelineError saying which would."""
+    total = TOKENS_PER_UPDATE.value
+    if num_gpus < 1:
+        raise PipelineError(f"--num-gpus must be at least 1, not {num_gpus}")
+    if max_tokens is None:
+        update_freq = update_freq or 1
+        max_tokens = total // (num_gpus * update_freq)
+    elif update_freq is None:
+        update_freq = total // (num_gpus * max_tokens)
+    if update_freq < 1 or max_tokens * update_freq * num_gpus != total:
+        options = [f"--max-tokens {total // (num_gpus * u)} --update-freq {u}"
+                   for u in (1, 2, 4, 8) if total % (num_gpus * u) == 0]
         raise PipelineError(
-            f"could not download {url} ({error}). Offline? Copy that file to {dest} yourself, or give "
-            "--raw-dir DIR with plain text train/valid/test.{src,tgt}."
-        ) from None
-    partial.rename(dest)
-    return dest
+            f"--max-tokens {max_tokens} x --update-freq {update_freq} x {num_gpus} GPU(s) is not the paper's "
+            f"{total} tokens per update: use " + (", ".join(options) or "a number of GPUs that divides 8192"))
+    return max_tokens, update_freq
 
 
-def _member_lines(archive, tail):
-    """Lines of the one file inside a .tgz/.tar.gz/.zip archive whose path ends with `tail`
-    (a file name, or the folders above it too where the archive holds several files of that
-    name, as KFTT's data/orig and data/tok do)."""
-    archive = Path(archive)
-
-    def matching(names):
-        found = [n for n in names if n == tail or n.endswith("/" + tail)]
-        if not found:
-            raise PipelineError(f"{archive} has no file {tail}: is the download complete? Delete it and rerun.")
-        if len(found) > 1:
-            raise PipelineError(f"{archive} has several files ending in {tail} ({', '.join(found)}): "
-                                "the recipe cannot tell which to read")
-        return found[0]
-
-    if archive.suffix == ".zip":
-        with zipfile.ZipFile(archive) as z:
-            data = z.read(matching(z.namelist()))
-    else:
-        with tarfile.open(archive) as tar:
-            data = tar.extractfile(matching(tar.getnames())).read()
-    # Split on "\n" only: some corpora hold \r or Unicode line separators inside sentences.
-    text = data.decode("utf-8", errors="replace")
-    return [line.replace("\r", " ") for line in text.split("\n")[:-1 if text.endswith("\n") else None]]
+def _cell(value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(str(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _write(out_dir, split, lang, lines):
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(out_dir) / f"{split}.{lang}", "w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line.strip() + "\n")
+def settings_table():
+    """The recipes' settings as a Markdown table: setting, value, source."""
+    rows = [("tokens per update", _cell(TOKENS_PER_UPDATE.value), TOKENS_PER_UPDATE.source)]
+    rows += [(key, _cell(s.value), s.source) for key, s in RECIPE.items()]
+    rows.append(("validation and checkpoint interval (updates)",
+                 ", ".join(f"{t} {n}" for t, n in VALIDATE_EVERY.items()), VALIDATE_SOURCE))
+    rows.append(("max_update (cap)", ", ".join(f"{t} {n}" for t, n in MAX_UPDATE.items()), MAX_UPDATE_SOURCE))
+    rows += [(key, _cell(s.value), s.source) for key, s in {**DECODING, **DATA}.items()]
+    rows.append(("alpha_entmax heads", LEARNED_ALPHA.value, LEARNED_ALPHA.source))
+    rows.append(("variants trained by default", ", ".join(TABLE1_VARIANTS),
+                 f"{PAPER}: Table 1 (add `--models topk` for top-k attention)"))
+    lines = ["| setting | value | source |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {source} |" for name, value, source in rows]
+    return "\n".join(lines)
 
 
-def _sacrebleu_set(test_set, src, tgt, out_dir, split):
-    """A dev/test set through sacrebleu, which downloads the official WMT/IWSLT files."""
-    from sacrebleu.utils import get_reference_files, get_source_file
-
-    pair = f"{src}-{tgt}"
-    try:
-        source = get_source_file(test_set, pair)
-        reference = get_reference_files(test_set, pair)[0]
-    except (Exception, SystemExit) as error:  # sacrebleu raises, or calls sys.exit, on network or checksum errors
-        raise PipelineError(f"could not get {test_set} {pair} through sacrebleu ({error}). Offline? "
-                            "Give --raw-dir DIR with plain text train/valid/test.{src,tgt}.") from None
-    shutil.copyfile(source, Path(out_dir) / f"{split}.{src}")
-    shutil.copyfile(reference, Path(out_dir) / f"{split}.{tgt}")
-
-
-# --------------------------------------------------------------------------- the four tasks
-
-def iwslt_training_lines(archive, lang):
-    """The sentences of WIT3's train.tags file: it interleaves talk metadata lines (<url>,
-    <talkid>, <title>, ...) with them; both sides have the same metadata lines, so dropping
-    them keeps the alignment."""
-    return [l for l in _member_lines(archive, f"train.tags.de-en.{lang}") if not l.lstrip().startswith("<")]
-
-
-def prepare_iwslt17(downloads, out_dir, src, tgt):
-    for lang in ("de", "en"):
-        _write(out_dir, "train", lang, iwslt_training_lines(downloads / "de-en.tgz", lang))
-    _sacrebleu_set("iwslt17/dev2010", src, tgt, out_dir, "valid")
-    _sacrebleu_set("iwslt17/tst2015", src, tgt, out_dir, "test")
-
-
-def prepare_kftt(downloads, out_dir, src, tgt):
-    archive = downloads / "kftt-data-1.0.tar.gz"
-    for split, name in (("train", "train"), ("valid", "dev"), ("test", "test")):
-        for lang in ("ja", "en"):
-            # data/tok holds tokenized files of the same names: the recipe tokenizes itself.
-            _write(out_dir, split, lang, _member_lines(archive, f"data/orig/kyoto-{name}.{lang}"))
-
-
-def prepare_wmt16_ro_en(downloads, out_dir, src, tgt):
-    for lang in ("ro", "en"):
-        lines = _member_lines(downloads / "training-parallel-ep-v8.tgz", f"europarl-v8.ro-en.{lang}")
-        lines += _member_lines(downloads / "en-ro.txt.zip", f"SETIMES.en-ro.{lang}")
-        _write(out_dir, "train", lang, lines)
-    _sacrebleu_set("wmt16/dev", src, tgt, out_dir, "valid")
-    _sacrebleu_set("wmt16", src, tgt, out_dir, "test")
-
-
-def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
-    for lang in ("en", "de"):
-        with open(Path(out_dir) / f"train.{lang}", "w", encoding="utf-8") as out:
-            for archive, name in (("training-parallel-europarl-v7.tgz", "europarl-v7.de-en"),
-                                  ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
-                                  ("training-parallel-nc-v9.tgz", "news-commentary-v9.de-en")):
-                for line in _member_lines(downloads / archive, f"{name}.{lang}"):
-                    out.write(line.strip() + "\n")
-    _sacrebleu_set("wmt13", src, tgt, out_dir, "valid")
-    _sacrebleu_set("wmt14/full", src, tgt, out_dir, "test")
-
-
-def _settings(max_update, dropout, lr, save_interval_updates=0):
-    return TrainSettings(arch=PAPER_ARCH, max_update=max_update, max_tokens=PAPER_MAX_TOKENS, lr=lr,
-                         warmup_updates=4000, dropout=dropout, topk=8, keep_last_epochs=5,
-                         save_interval_updates=save_interval_updates)
+def departures_table():
+    lines = ["| departure | why |", "|---|---|"]
+    lines += [f"| {what} | {why} |" for what, why in DEPARTURES]
+    return "\n".join(lines)
 
 
 TASKS = {
@@ -182,7 +207,7 @@ TASKS = {
         name="iwslt17", title="IWSLT17 de-en (TED talks)", pairs=(("de", "en"), ("en", "de")),
         downloads=[("https://raw.githubusercontent.com/hlt-mt/WIT3/master/archive/2017-01-trnted/texts/de/en/de-en.tgz",
                     "de-en.tgz")],
-        prepare=prepare_iwslt17, train=_settings(max_update=40000, dropout=0.3, lr=5e-4),
+        prepare=prepare_iwslt17,
         smoke=SmokeData({"train": ("iwslt16_de_en_sample/train", 0, 3000),
                          "valid": ("iwslt16_de_en_sample/valid", 0, 200),
                          "test": ("iwslt16_de_en_sample/test", 0, 200)},
@@ -194,29 +219,31 @@ TASKS = {
     "kftt": Task(
         name="kftt", title="KFTT ja-en (Wikipedia, Kyoto)", pairs=(("ja", "en"), ("en", "ja")),
         downloads=[("http://www.phontron.com/kftt/download/kftt-data-1.0.tar.gz", "kftt-data-1.0.tar.gz")],
-        prepare=prepare_kftt, train=_settings(max_update=50000, dropout=0.3, lr=5e-4),
-        # Japanese is split into characters before BPE, so Japanese sides are much longer
-        # than English ones: no length-ratio filter.
+        prepare=prepare_kftt, pretokenized="kftt" in PRETOKENIZED_TASKS,
+        # KyTea words are shorter than English ones on average, and the smoke mode splits
+        # Japanese into characters: no length-ratio rule.
         clean_max_ratio=None,
         smoke=SmokeData({"train": ("kftt_dev_test/tune", 0, 1235),
                          "valid": ("kftt_dev_test/valid", 0, 200),
                          "test": ("kftt_dev_test/test", 0, 200)},
                         "KFTT tune (1235 pairs) as training data, dev (200) valid, test (200) test"),
         paper_bleu={"softmax": 21.57, "entmax15": 22.13, "alpha_entmax": 21.74},
-        data_notes="KFTT 1.0 data/orig (untokenised) kyoto-train/dev/test; Japanese: characters + joint BPE",
+        data_notes="KFTT 1.0 data/tok (KyTea-segmented Japanese, tokenised English): kyoto-train.cln (~330k pairs), "
+                   "kyoto-dev, kyoto-test; sacreBLEU against data/orig/kyoto-test",
     ),
     "wmt16": Task(
         name="wmt16", title="WMT16 ro-en (news)", pairs=(("ro", "en"), ("en", "ro")),
         downloads=[("https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz",
                     "training-parallel-ep-v8.tgz"),
                    ("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip", "en-ro.txt.zip")],
-        prepare=prepare_wmt16_ro_en, train=_settings(max_update=60000, dropout=0.3, lr=7e-4),
+        prepare=prepare_wmt16_ro_en,
         smoke=SmokeData({"train": ("wmt_testsets/newstest2016", 0, 1599),
                          "valid": ("wmt_testsets/newstest2016", 1599, 1799),
                          "test": ("wmt_testsets/newstest2016", 1799, 1999)},
                         "newstest2016 ro-en split in three: lines 1-1599 train, 1600-1799 valid, 1800-1999 test"),
         paper_bleu={"softmax": 32.70, "entmax15": 33.10, "alpha_entmax": 32.89},
-        data_notes="train: Europarl v8 + SETimes2 (~600k pairs); valid: newsdev2016; test: newstest2016",
+        data_notes="train: Europarl v8 + SETimes2 (~600k pairs); valid: newsdev2016; test: newstest2016; "
+                   "Romanian normalised and without diacritics (wmt16-scripts)",
     ),
     "wmt14": Task(
         name="wmt14", title="WMT14 en-de (news)", pairs=(("en", "de"), ("de", "en")),
@@ -224,8 +251,6 @@ TASKS = {
                    ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz", "training-parallel-commoncrawl.tgz"),
                    ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz", "training-parallel-nc-v9.tgz")],
         prepare=prepare_wmt14_en_de,
-        # Epochs of 4.5M pairs are long: checkpoint (and average) every 5000 updates.
-        train=_settings(max_update=200000, dropout=0.1, lr=7e-4, save_interval_updates=5000),
         smoke=SmokeData({"train": ("wmt_testsets/newstest2013", 0, 3000),
                          "valid": ("wmt_testsets/newstest2014", 0, 200),
                          "test": ("wmt_testsets/newstest2014", 200, 400)},
@@ -236,25 +261,15 @@ TASKS = {
     ),
 }
 
-# Smoke mode: every stage at tiny scale (a few hundred updates, small BPE, tiny model).
+# Smoke mode: every stage at tiny scale on CPU, with the recipe's architecture choices
+# (pre-norm, the three dropouts, Adam without weight decay, selection by validation accuracy)
+# scaled down: a few hundred updates, small BPE, a tiny model.
 SMOKE_BPE_MERGES = 1000
 SMOKE_TRAIN = TrainSettings(
-    arch=PAPER_ARCH, max_update=200, max_tokens=2048, lr=2e-3, warmup_updates=50, dropout=0.1, topk=8,
+    **{key: _value(s) for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
+    max_update=200, max_tokens=2048, lr=2e-3, warmup_updates=50, patience=0,
     keep_last_epochs=3, log_interval=50,
     model_args=["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
                 "--encoder-ffn-embed-dim", 128, "--decoder-ffn-embed-dim", 128,
                 "--encoder-attention-heads", 4, "--decoder-attention-heads", 4],
 )
-
-
-def write_smoke_data(task, shared_data, src, tgt, out_dir):
-    """Copy the smoke mode's line ranges of the shared real text into out_dir."""
-    for split, (stem, start, stop) in task.smoke.splits.items():
-        for lang in (src, tgt):
-            path = Path(shared_data) / f"{stem}.{lang}"
-            if not path.is_file():
-                raise PipelineError(f"smoke data {path} not found: the smoke mode reads ../shared/data "
-                                    "(or --shared-data DIR)")
-            with open(path, encoding="utf-8", newline="\n") as f:
-                lines = f.read().split("\n")[start:stop]
-            _write(out_dir, split, lang, lines)
