@@ -781,8 +781,8 @@ def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, 
                    retokenize=retokenize)
     shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
     log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
-    return {"model": variant, "seed": seed, "selection": select, "checkpoint": str(checkpoint), **scores,
-            "train_seconds": seconds}
+    return {"model": variant, "seed": seed, "selection": select, "checkpoint": str(checkpoint),
+            "hypotheses": str(eval_dir / "test.hyp"), **scores, "train_seconds": seconds}
 
 
 # --------------------------------------------------------------------------- results table
