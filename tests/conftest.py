@@ -9,11 +9,30 @@ Fixtures for other test files:
 - `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
   for tests that train a variant themselves.
 """
+import os
 from collections import namedtuple
 
 import pytest
 
 from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "requires(available, reason): needs something a machine may lack (../shared/data, the entmax "
+        "package): skipped without it, failed without it when CI is set")
+
+
+def pytest_runtest_setup(item):
+    """A missing requirement skips a test on a developer's machine; under CI (CI set) it fails
+    it, since there it means a broken set-up that a skip would turn green."""
+    for marker in item.iter_markers("requires"):
+        available, reason = marker.args
+        if not available:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI is set, and {reason}: install or provide it (a skip would hide a broken set-up)",
+                            pytrace=False)
+            pytest.skip(reason)
+
 
 TinyData = namedtuple("TinyData", "raw_dir data_bin")
 TrainedModel = namedtuple("TrainedModel", "checkpoint data_bin save_dir train_log normalizer")

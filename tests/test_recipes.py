@@ -20,9 +20,9 @@ VARIANTS = ("softmax", "entmax15", "alpha_entmax")  # the paper's Table 1, train
 sys.path.insert(0, str(REPO / "examples"))
 from entmax_recipes import pipeline  # noqa: E402
 
-needs_shared_data = pytest.mark.skipif(
-    not (SHARED_DATA / "iwslt16_de_en_sample" / "train.de").exists(),
-    reason=f"the smoke mode reads real text from {SHARED_DATA}, which is absent here",
+needs_shared_data = pytest.mark.requires(
+    (SHARED_DATA / "iwslt16_de_en_sample" / "train.de").exists(),
+    f"the smoke mode reads real text from {SHARED_DATA}, which is absent here",
 )
 
 

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "reproduction" / "reduced_scale.py"
 SAMPLE = REPO.parent / "shared" / "data" / "iwslt16_de_en_sample"
 
-needs_shared_data = pytest.mark.skipif(
-    not (SAMPLE / "train.de").exists(), reason=f"the reproduction reads the IWSLT16 sample from {SAMPLE}, absent here"
+needs_shared_data = pytest.mark.requires(
+    (SAMPLE / "train.de").exists(), f"the reproduction reads the IWSLT16 sample from {SAMPLE}, absent here"
 )
 
 
