@@ -251,21 +251,12 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
     assert_rows_keep(attention_rows(fixed, task, beam=2), lambda n: min(n, 4))
 
 
-ZERO_BECOMES_DEFAULT = (
-    "fairseq_entmax.models.adaptively_sparse_transformer.sparse_attention_defaults fills defaults with "
-    "`getattr(args, 'topk', None) or 8` and `... or 1` for topk_min, so a 0 (falsy) from --model-overrides or a "
-    "config built in Python is silently replaced by the default before validate_sparse_attention_args checks "
-    "it: the model loads with k = 8 (topk_min 1), where the command line refuses --topk 0 / --topk-min 0 and "
-    "the same override with -1 or 2.5 is refused"
-)
-
-
 @pytest.mark.parametrize("overrides", [
     pytest.param({"topk": -1}, id="topk -1"),
     pytest.param({"topk": 2.5}, id="topk 2.5"),
-    pytest.param({"topk": 0}, id="topk 0", marks=pytest.mark.xfail(strict=True, reason=ZERO_BECOMES_DEFAULT)),
-    pytest.param({"topk_min": 0, "topk_fraction": 0.5}, id="topk_min 0",
-                 marks=pytest.mark.xfail(strict=True, reason=ZERO_BECOMES_DEFAULT)),
+    # A 0 is refused too, not replaced by the default as a falsy value once was.
+    pytest.param({"topk": 0}, id="topk 0"),
+    pytest.param({"topk_min": 0, "topk_fraction": 0.5}, id="topk_min 0"),
 ])
 def test_a_bad_k_in_model_overrides_is_refused(topk8_checkpoint, tiny_data, overrides):
     """validate_sparse_attention_args: "the same checks as the command-line parsers, for

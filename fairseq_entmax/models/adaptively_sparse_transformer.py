@@ -141,16 +141,14 @@ def add_sparse_attention_args(parser):
 
 def sparse_attention_defaults(args, normalizer):
     """Fill the options the user did not give. Works on argparse namespaces and on the
-    OmegaConf configs that checkpoints hold."""
-    args.attention_normalizer = getattr(args, "attention_normalizer", None) or normalizer
-    for attention_type in ATTENTION_TYPES:
-        name = f"{attention_type}_attention_normalizer"
-        setattr(args, name, getattr(args, name, None))
-    args.alpha_init = getattr(args, "alpha_init", None) or "random"
-    args.alpha_clamp = getattr(args, "alpha_clamp", None) or (1.01, 2.0)
-    args.topk = getattr(args, "topk", None) or 8
-    args.topk_fraction = getattr(args, "topk_fraction", None)
-    args.topk_min = getattr(args, "topk_min", None) or 1
+    OmegaConf configs that checkpoints hold. Only an absent (None) option takes its default: a
+    value given as 0, e.g. through --model-overrides, is left for the validation to refuse."""
+    defaults = {"attention_normalizer": normalizer, "alpha_init": "random", "alpha_clamp": (1.01, 2.0),
+                "topk": 8, "topk_fraction": None, "topk_min": 1}
+    defaults.update((f"{attention_type}_attention_normalizer", None) for attention_type in ATTENTION_TYPES)
+    for name, default in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
 
 
 def validate_sparse_attention_args(args):
