@@ -764,16 +764,17 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
 
 
 def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, references_raw, tgt,
-                       label=None, select="last", beam=5, lenpen=1.0, max_len=None, tokenized_bleu=True,
-                       retokenize=False, threads=None):
+                       label=None, select="last", average_last=None, beam=5, lenpen=1.0, max_len=None,
+                       tokenized_bleu=True, retokenize=False, threads=None):
     """Train one variant with one seed (skipped when trained), translate the test set with the
-    checkpoint `select` names (see select_checkpoint) and score it. Returns a result row
+    checkpoint `select` names (see select_checkpoint; "average" averages the last
+    `average_last`, by default all the checkpoints kept) and score it. Returns a result row
     (without the attention analysis)."""
     name = f"{variant}-seed{seed}"
     label = label or name
     save_dir = Path(work) / "models" / name
     seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
-    checkpoint = select_checkpoint(save_dir, select, settings.keep_last_epochs, label)
+    checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
     eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
     hypotheses = generate(data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label,
                           max_len=max_len)

@@ -279,7 +279,8 @@ def run(args):
         for select in selections:
             rows.append(pipeline.train_and_evaluate(
                 data_bin, work, variant, args.seed, settings, references_tok, references_raw, tgt,
-                label=f"{variant} [{i}/{len(args.models)}]", select=select, beam=DECODING["beam"].value,
+                label=f"{variant} [{i}/{len(args.models)}]", select=select, average_last=args.average_last,
+                beam=DECODING["beam"].value,
                 lenpen=DECODING["lenpen"].value, max_len=(1.2, 10) if args.smoke else None,
                 retokenize=layout.tokenize))
     checkpoints = {row["model"]: row["checkpoint"] for row in rows if row["selection"] == "best"}
