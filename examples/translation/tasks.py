@@ -8,7 +8,7 @@ fairseq's usual choice, said so. docs/recipes.md shows `settings_table()` and `D
 tests/test_recipes.py fails when the page and this module disagree.
 """
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -134,18 +134,14 @@ class Task:
     paper_bleu: dict             # the paper's tokenized BLEU (Table 1), paper direction only
     data_notes: str = ""
     pretokenized: bool = False   # the official text is tokenised already (written with test.orig.*)
-    clean_max_ratio: object = field(default=DATA["clean"].value[1])   # None: no length-ratio rule
-
-
-def _value(sourced):
-    return sourced.value
+    clean_max_ratio: object = DATA["clean"].value[1]   # None: no length-ratio rule
 
 
 def train_settings(task_name, max_tokens, update_freq):
     """The TrainSettings of a full run of one task, from the tables above."""
     every = VALIDATE_EVERY[task_name]
     return TrainSettings(
-        **{key: _value(s) for key, s in RECIPE.items()},
+        **{key: s.value for key, s in RECIPE.items()},
         max_update=MAX_UPDATE[task_name], max_tokens=max_tokens, update_freq=update_freq,
         save_interval_updates=every, validate_every_epoch=False, keep_last_epochs=5, log_interval=100,
     )
@@ -266,7 +262,7 @@ TASKS = {
 # scaled down: a few hundred updates, small BPE, a tiny model.
 SMOKE_BPE_MERGES = 1000
 SMOKE_TRAIN = TrainSettings(
-    **{key: _value(s) for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
+    **{key: s.value for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
     max_update=200, max_tokens=2048, lr=2e-3, warmup_updates=50, patience=0,
     keep_last_epochs=3, log_interval=50,
     model_args=["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,

@@ -39,17 +39,27 @@ def _parse_alpha_key(key):
     return attention, statistic, None, None
 
 
+def _payload(line):
+    """(the message of a fairseq log line without the logging prefix, its stats when the
+    message is a json object, else None)."""
+    line = line.strip()
+    prefix = _LOGGING_PREFIX.match(line)
+    payload = line[prefix.end():] if prefix else line
+    if not payload.startswith("{"):
+        return payload, None
+    try:
+        return payload, json.loads(payload)
+    except json.JSONDecodeError:
+        return payload, None
+
+
 def _stats_of_line(line):
     """(kind, stats) of a fairseq stats line, kind being train_inner (every --log-interval
     updates), train or valid (end of epoch); None for other lines. Reads the simple and the json
     format, with or without the logging prefix."""
-    line = line.strip()
-    prefix = _LOGGING_PREFIX.match(line)
-    payload = line[prefix.end():] if prefix else line
+    payload, stats = _payload(line)
     if payload.startswith("{"):
-        try:
-            stats = json.loads(payload)
-        except json.JSONDecodeError:
+        if stats is None:
             return None
         # end-of-epoch json lines prefix every key with train_ / valid_
         for tag in ("train", "valid"):
@@ -157,14 +167,8 @@ _SIMPLE_VALID = re.compile(r"^epoch \d+ \| valid on '([^']*)' subset \| (.*)$")
 def _validation_stats(line, subset):
     """The stats of an end-of-validation line of `subset`, keys without the json format's
     "<subset>_" prefix; None for other lines (and other subsets)."""
-    line = line.strip()
-    prefix = _LOGGING_PREFIX.match(line)
-    payload = line[prefix.end():] if prefix else line
+    payload, stats = _payload(line)
     if payload.startswith("{"):
-        try:
-            stats = json.loads(payload)
-        except json.JSONDecodeError:
-            return None
         tag = subset + "_"
         if not isinstance(stats, dict) or tag + "num_updates" not in stats:
             return None
