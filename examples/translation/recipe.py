@@ -23,6 +23,7 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   analyze   fairseq-entmax-analyze on the validation set: density, learned alphas, figures
 """
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -126,23 +127,17 @@ def experiment_settings(args, num_gpus):
         settings = SMOKE_TRAIN
         for option in ("max_update", "max_tokens", "update_freq"):
             if getattr(args, option):
-                settings = _replace(settings, **{option: getattr(args, option)})
+                settings = dataclasses.replace(settings, **{option: getattr(args, option)})
     else:
         max_tokens, update_freq = batch_shape(num_gpus, args.max_tokens, args.update_freq)
         settings = train_settings(args.task, max_tokens, update_freq)
         if args.max_update:
-            settings = _replace(settings, max_update=args.max_update)
+            settings = dataclasses.replace(settings, max_update=args.max_update)
     extra = ["--fp16"] if args.fp16 else []
     if num_gpus > 1:
         # fairseq would take every visible GPU; naming the count keeps the 8192 tokens per update.
         extra += ["--distributed-world-size", num_gpus]
-    return _replace(settings, extra_args=[*settings.extra_args, *extra]) if extra else settings
-
-
-def _replace(settings, **changes):
-    import dataclasses
-
-    return dataclasses.replace(settings, **changes)
+    return dataclasses.replace(settings, extra_args=[*settings.extra_args, *extra]) if extra else settings
 
 
 class Layout:
@@ -273,7 +268,7 @@ def run(args):
     references_raw = pipeline.read_lines(layout.references_raw)
     selections = ("best",) + (("average",) if args.average_last else ())
     if args.average_last:
-        settings = _replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
+        settings = dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
     rows = []
     for i, variant in enumerate(args.models, 1):
         for select in selections:
