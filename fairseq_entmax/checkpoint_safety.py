@@ -11,10 +11,26 @@ What fairseq checkpoints hold besides tensors, dicts, lists and numbers:
 - argparse.Namespace: the training arguments (cfg.model and legacy "args");
 - numpy arrays: the metrics state in extra_state, e.g. the BLEU n-gram counts that
   --eval-bleu logs as numpy arrays (the array, its dtype and numpy's array rebuilder).
+
+Where checkpoints are read: every fairseq path that loads a checkpoint (fairseq-train resuming
+with --restore-file or checkpoint_last.pt, fairseq-generate, -interactive, -validate, the hub
+interface's from_pretrained, fairseq-entmax-analyze) ends in a torch.load inside
+fairseq.checkpoint_utils (load_checkpoint_to_cpu, also when a module imported that function by
+name). That module's torch.load is made to ask for weights_only=True explicitly, so the
+protection does not depend on torch's default (False before torch 2.6; turned off by
+TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) nor on which function object a caller holds. The recipes'
+checkpoint averaging reads with load_checkpoint_safely below.
+
+How a refusal ends a command: fairseq's console scripts give no hook around their main, and
+this package is imported (by --user-dir) only once they run, so an uncaught
+UnsafeCheckpointError is reported by a sys.excepthook installed at import: the message on
+stderr, no traceback, exit status 2 (any other exception goes to the previous hook).
 """
 import argparse
+import os
 import pickle
 import re
+import sys
 
 import numpy as np
 import torch
@@ -41,35 +57,71 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     """A checkpoint holds a pickled object outside the allowlist; nothing of it was run."""
 
 
+def load_checkpoint_safely(f, map_location="cpu", **kwargs):
+    """torch.load(f) with the safe unpickler (weights_only=True, whatever torch's default or
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD say); a checkpoint holding a pickled object outside the
+    allowlist raises UnsafeCheckpointError naming the file. Importing fairseq_entmax first
+    (with fairseq installed) allowlists the types fairseq checkpoints hold."""
+    kwargs.pop("weights_only", None)
+    try:
+        return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as error:
+        # a path, or an open file (as fairseq passes it)
+        name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", f)
+        name = os.fspath(name) if isinstance(name, (str, os.PathLike)) else repr(name)
+        raise UnsafeCheckpointError(_refusal_message(name, error)) from error
+
+
+def _refusal_message(path, error):
+    # torch words it "Unsupported global: GLOBAL x.y", or, for a module it blocks
+    # outright (os, posix, subprocess, ...), "unsupported GLOBAL x.y whose module ...".
+    found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(error))
+    what = found.group(1) if found else "an object outside the allowlist"
+    return (
+        f"Refusing to load checkpoint {path}: it contains a pickled {what}, which is "
+        "not a type fairseq checkpoints hold, and unpickling it could run code. It was "
+        "not unpickled (torch.load weights_only=True). Use checkpoints written by "
+        "fairseq-train; if you wrote this file yourself and trust it, allowlist the "
+        "type with torch.serialization.add_safe_globals before loading."
+    )
+
+
+class _TorchLoadingSafely:
+    """fairseq.checkpoint_utils' `torch`: the torch module, except that load is
+    load_checkpoint_safely."""
+
+    load = staticmethod(load_checkpoint_safely)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def allow_fairseq_checkpoints():
-    """Allowlist the types fairseq checkpoints hold and make fairseq's checkpoint loader
-    report refused checkpoints clearly. Called when fairseq_entmax is imported, which
+    """Allowlist the types fairseq checkpoints hold, make every checkpoint fairseq reads go
+    through the safe unpickler with a clear refusal, and make a refusal end a command with
+    its message and exit status 2. Called when fairseq_entmax is imported, which
     `--user-dir fairseq_entmax` does before any checkpoint is loaded."""
     torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
     from fairseq import checkpoint_utils
 
-    if not getattr(checkpoint_utils.load_checkpoint_to_cpu, "_fairseq_entmax_safe", False):
-        checkpoint_utils.load_checkpoint_to_cpu = _refusing_unsafe(
-            checkpoint_utils.load_checkpoint_to_cpu
-        )
+    if not isinstance(checkpoint_utils.torch, _TorchLoadingSafely):
+        checkpoint_utils.torch = _TorchLoadingSafely()
+    if not getattr(sys.excepthook, "_fairseq_entmax_refusal", False):
+        sys.excepthook = _exiting_on_refusal(sys.excepthook)
 
 
-def _refusing_unsafe(load_checkpoint_to_cpu):
-    def load_checkpoint_to_cpu_safely(path, *args, **kwargs):
-        try:
-            return load_checkpoint_to_cpu(path, *args, **kwargs)
-        except pickle.UnpicklingError as error:
-            # torch words it "Unsupported global: GLOBAL x.y", or, for a module it blocks
-            # outright (os, posix, subprocess, ...), "unsupported GLOBAL x.y whose module ...".
-            found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(error))
-            what = found.group(1) if found else "an object outside the allowlist"
-            raise UnsafeCheckpointError(
-                f"Refusing to load checkpoint {path}: it contains a pickled {what}, which is "
-                "not a type fairseq checkpoints hold, and unpickling it could run code. It was "
-                "not unpickled (torch.load weights_only=True). Use checkpoints written by "
-                "fairseq-train; if you wrote this file yourself and trust it, allowlist the "
-                "type with torch.serialization.add_safe_globals before loading."
-            ) from error
+def _exiting_on_refusal(previous_hook):
+    def excepthook(kind, error, traceback):
+        # the refusal itself, or an exception raised while handling it
+        refusal, seen = error, set()
+        while refusal is not None and not isinstance(refusal, UnsafeCheckpointError) and id(refusal) not in seen:
+            seen.add(id(refusal))
+            refusal = refusal.__cause__ or refusal.__context__
+        if not isinstance(refusal, UnsafeCheckpointError):
+            return previous_hook(kind, error, traceback)
+        program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+        print(f"{program}: error: {refusal}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
-    load_checkpoint_to_cpu_safely._fairseq_entmax_safe = True
-    return load_checkpoint_to_cpu_safely
+    excepthook._fairseq_entmax_refusal = True
+    return excepthook

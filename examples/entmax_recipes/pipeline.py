@@ -520,10 +520,13 @@ def _checkpoint_order(path):
 
 
 def _load(path):
-    import torch
+    """A checkpoint's state, read with torch's safe unpickler and the allowlist of fairseq's
+    checkpoint types (importing fairseq_entmax installs it): a checkpoint holding anything
+    else raises fairseq_entmax.checkpoint_safety.UnsafeCheckpointError and nothing of it runs."""
+    import fairseq_entmax  # noqa: F401 (the allowlist)
+    from fairseq_entmax.checkpoint_safety import load_checkpoint_safely
 
-    # Checkpoints this run has just written itself, so full unpickling is safe here.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint_safely(path, map_location="cpu")
 
 
 def _num_updates(path):

@@ -63,6 +63,7 @@ def main(argv=None):
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True,
     )
     from fairseq_entmax.analysis.pipeline import analyze
+    from fairseq_entmax.checkpoint_safety import UnsafeCheckpointError
 
     try:
         analyze(
@@ -72,7 +73,7 @@ def main(argv=None):
             positional_threshold=args.positional_threshold, bpe_threshold=args.bpe_threshold,
             device="cpu" if args.cpu else None, figures=not args.no_figures,
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, UnsafeCheckpointError) as error:
         print(f"fairseq-entmax-analyze: error: {error}", file=sys.stderr)
         return 2
     return 0
