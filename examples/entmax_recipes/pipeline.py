@@ -604,10 +604,9 @@ def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, 
     """The fairseq-generate command (a list of strings) that translates `subset` into out_dir."""
     args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
             "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
-            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir,
-            # fairseq's batch_by_size drops the last batch when its size is not a multiple of
-            # this (8 by default): without it some test sentences are silently not translated.
-            "--required-batch-size-multiple", 1]
+            # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
+            # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
+            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir]
     if max_len:
         args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
     if cpu:
