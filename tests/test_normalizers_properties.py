@@ -1,11 +1,14 @@
-"""Property tests (hypothesis) of the normalizers against their definitions."""
+"""Property tests (hypothesis) of the normalizers against their definitions, on both paths:
+the early-exit one (the CPU's default) and the sync-free one (GPUs, torch.compile)."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
 from normalizer_references import (
     alpha_entmax_reference,
     apply_rows,
@@ -15,6 +18,9 @@ from normalizer_references import (
 )
 
 SETTINGS = settings(max_examples=60, deadline=None)
+
+PATHS = {"early_exit": contextlib.nullcontext, "sync_free": sync_free}
+on_both_paths = pytest.mark.parametrize("path", PATHS)
 
 
 @st.composite
@@ -52,38 +58,42 @@ def _maps(alpha, k):
     ]
 
 
+@on_both_paths
 @SETTINGS
 @given(score_rows(), alphas, st.integers(1, 12))
-def test_matches_independent_reference_and_lies_on_simplex(scores, alpha, k):
-    x = torch.from_numpy(scores)
-    for ours, reference in _maps(alpha, k):
-        p = ours(x)
-        expected = apply_rows(reference, scores)
-        np.testing.assert_allclose(p.numpy(), expected, atol=1e-9)
-        assert torch.all(p >= 0)
-        np.testing.assert_allclose(p.sum(-1).numpy(), 1.0, atol=1e-12)
-        assert torch.all(p[torch.isinf(x)] == 0)
+def test_matches_independent_reference_and_lies_on_simplex(path, scores, alpha, k):
+    with PATHS[path]():
+        x = torch.from_numpy(scores)
+        for ours, reference in _maps(alpha, k):
+            p = ours(x)
+            expected = apply_rows(reference, scores)
+            np.testing.assert_allclose(p.numpy(), expected, atol=1e-9)
+            assert torch.all(p >= 0)
+            np.testing.assert_allclose(p.sum(-1).numpy(), 1.0, atol=1e-12)
+            assert torch.all(p[torch.isinf(x)] == 0)
 
 
+@on_both_paths
 @SETTINGS
 @given(score_rows(allow_masked=False), alphas)
-def test_sparse_maps_are_exact_threshold_functions(scores, alpha):
+def test_sparse_maps_are_exact_threshold_functions(path, scores, alpha):
     """Exact zeros outside the support: p_i = [(alpha-1) z_i - tau]_+^(1/(alpha-1)) with
     one tau per row, recovered from the support, and p_i = 0 exactly where
     (alpha-1) z_i <= tau."""
-    x = torch.from_numpy(scores)
-    for a, p in [
-        (2.0, sparsemax(x)),
-        (1.5, entmax15(x)),
-        (max(alpha, 1.05), alpha_entmax(x, torch.full((x.shape[0], 1), max(alpha, 1.05), dtype=x.dtype))),
-    ]:
-        scaled = (a - 1) * x
-        support = p > 0
-        taus = torch.where(support, scaled - p ** (a - 1), torch.nan)
-        tau = taus.nanmean(-1, keepdim=True)
-        torch.testing.assert_close(torch.where(support, taus, tau), tau.expand_as(taus), atol=1e-7, rtol=0)
-        off = ~support
-        assert torch.all(scaled[off] <= (tau.expand_as(scaled)[off] + 1e-7))
+    with PATHS[path]():
+        x = torch.from_numpy(scores)
+        for a, p in [
+            (2.0, sparsemax(x)),
+            (1.5, entmax15(x)),
+            (max(alpha, 1.05), alpha_entmax(x, torch.full((x.shape[0], 1), max(alpha, 1.05), dtype=x.dtype))),
+        ]:
+            scaled = (a - 1) * x
+            support = p > 0
+            taus = torch.where(support, scaled - p ** (a - 1), torch.nan)
+            tau = taus.nanmean(-1, keepdim=True)
+            torch.testing.assert_close(torch.where(support, taus, tau), tau.expand_as(taus), atol=1e-7, rtol=0)
+            off = ~support
+            assert torch.all(scaled[off] <= (tau.expand_as(scaled)[off] + 1e-7))
 
 
 @SETTINGS
@@ -122,6 +132,7 @@ def test_general_alpha_path_agrees_with_special_maps_in_float32(scores):
     torch.testing.assert_close(alpha_entmax(x, alpha), expected, atol=1e-6, rtol=0)
 
 
+@on_both_paths
 @pytest.mark.parametrize(
     "dtype, alpha_range, bound",
     [
@@ -131,50 +142,55 @@ def test_general_alpha_path_agrees_with_special_maps_in_float32(scores):
         (torch.float64, (2.0, 3.0), 1e-13),
     ],
 )
-def test_alpha_entmax_accuracy_stated_in_docstring(dtype, alpha_range, bound):
+def test_alpha_entmax_accuracy_stated_in_docstring(path, dtype, alpha_range, bound):
     """Max abs error of alpha_entmax against float64 bisection run to convergence, over
     attention-like rows (scores of scale 1 and 10, 1 to 512 keys)."""
-    generator = torch.Generator().manual_seed(0)
-    low, high = alpha_range
-    worst = 0.0
-    for d in (1, 7, 64, 512):
-        for scale in (1.0, 10.0):
-            scores = torch.randn(16, d, generator=generator, dtype=torch.float64) * scale
-            alpha = low + torch.rand(16, 1, generator=generator, dtype=torch.float64) * (high - low)
-            p = alpha_entmax(scores.to(dtype), alpha.to(dtype)).double()
-            expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha)])
-            worst = max(worst, np.abs(p.numpy() - expected).max())
-    assert worst <= bound
+    with PATHS[path]():
+        generator = torch.Generator().manual_seed(0)
+        low, high = alpha_range
+        worst = 0.0
+        for d in (1, 7, 64, 512):
+            for scale in (1.0, 10.0):
+                scores = torch.randn(16, d, generator=generator, dtype=torch.float64) * scale
+                alpha = low + torch.rand(16, 1, generator=generator, dtype=torch.float64) * (high - low)
+                p = alpha_entmax(scores.to(dtype), alpha.to(dtype)).double()
+                expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha)])
+                worst = max(worst, np.abs(p.numpy() - expected).max())
+        assert worst <= bound
 
 
+@on_both_paths
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
-def test_entmax15_accuracy_stated_in_docstring(dtype, bound):
+def test_entmax15_accuracy_stated_in_docstring(path, dtype, bound):
     """Max abs error of entmax15 (Newton steps to a tolerance) against the exact sort-based
     float64 reference, over attention-like rows (scores of scale 1 and 10, 1 to 512 keys)."""
-    generator = torch.Generator().manual_seed(0)
-    worst = 0.0
-    for d in (1, 7, 64, 512):
-        for scale in (1.0, 10.0):
-            scores = torch.randn(64, d, generator=generator, dtype=torch.float64) * scale
-            p = entmax15(scores.to(dtype)).double()
-            expected = apply_rows(entmax15_reference, scores.numpy())
-            worst = max(worst, np.abs(p.numpy() - expected).max())
-    assert worst <= bound
+    with PATHS[path]():
+        generator = torch.Generator().manual_seed(0)
+        worst = 0.0
+        for d in (1, 7, 64, 512):
+            for scale in (1.0, 10.0):
+                scores = torch.randn(64, d, generator=generator, dtype=torch.float64) * scale
+                p = entmax15(scores.to(dtype)).double()
+                expected = apply_rows(entmax15_reference, scores.numpy())
+                worst = max(worst, np.abs(p.numpy() - expected).max())
+        assert worst <= bound
 
 
+@on_both_paths
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1.5e-4), (torch.float64, 1e-8)])
-def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(dtype, bound):
+def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(path, dtype, bound):
     """alpha - 1 from 1e-12 to 1e-2, where the threshold search alone loses digits as
     eps / (alpha - 1) and, in float32, returned NaN at alpha - 1 = 1e-6 and 1e-7: no NaN, and
     the error against the float64 reference stays within the docstring's bound."""
-    generator = torch.Generator().manual_seed(0)
-    worst = 0.0
-    for am1 in (1e-12, 1e-9, 3e-9, 1e-7, 1e-6, 1e-5, 5e-5, 7e-5, 1e-4, 1e-3, 1e-2):
-        scores = torch.randn(32, 50, generator=generator, dtype=torch.float64) * 3
-        scores[:4, :10] = float("-inf")
-        alpha = torch.full((32, 1), 1 + am1, dtype=torch.float64).to(dtype)
-        p = alpha_entmax(scores.to(dtype), alpha).double()
-        assert torch.isfinite(p).all(), am1
-        expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha.double())])
-        worst = max(worst, np.abs(p.numpy() - expected).max())
-    assert worst <= bound
+    with PATHS[path]():
+        generator = torch.Generator().manual_seed(0)
+        worst = 0.0
+        for am1 in (1e-12, 1e-9, 3e-9, 1e-7, 1e-6, 1e-5, 5e-5, 7e-5, 1e-4, 1e-3, 1e-2):
+            scores = torch.randn(32, 50, generator=generator, dtype=torch.float64) * 3
+            scores[:4, :10] = float("-inf")
+            alpha = torch.full((32, 1), 1 + am1, dtype=torch.float64).to(dtype)
+            p = alpha_entmax(scores.to(dtype), alpha).double()
+            assert torch.isfinite(p).all(), am1
+            expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha.double())])
+            worst = max(worst, np.abs(p.numpy() - expected).max())
+        assert worst <= bound

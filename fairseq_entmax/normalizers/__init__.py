@@ -5,8 +5,13 @@ Each is a torch.autograd.Function with a hand-written backward that keeps only i
 - -inf scores (padding and future masks) get weight and gradient exactly 0, and a row that
   is entirely -inf gives all zeros (not NaN);
 - float16/bfloat16 inputs are computed in float32 and returned in the input dtype;
-- any dim, non-contiguous and empty inputs are accepted.
+- any dim, non-contiguous and empty inputs are accepted;
+- a row holding a NaN gives NaN in that row's output (as torch.softmax does), so that an
+  overflow is seen (fairseq's fp16 loss scaler reacts to it) instead of hidden as zeros;
+- on a GPU, and on the CPU inside `with sync_free():`, they make no host synchronisation
+  (see _common.sync_free), and torch.compile(fullgraph=True) captures them whole.
 """
+from fairseq_entmax.normalizers._common import sync_free
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
@@ -44,5 +49,6 @@ __all__ = [
     "get_normalizer",
     "softmax",
     "sparsemax",
+    "sync_free",
     "topk_softmax",
 ]

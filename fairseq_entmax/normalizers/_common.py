@@ -6,6 +6,7 @@ are reused from block to block, so the only full-size tensors a call allocates a
 result (and, for backward, the gradient). The iterative threshold searches make several
 passes over each block, which is cheap in cache and expensive over the whole tensor.
 """
+import contextlib
 import numbers
 
 import torch
@@ -33,6 +34,49 @@ WIDE_BLOCK_SCALE = 4
 # entmax15 and alpha_entmax stop their Newton search on tau (which lies in [-1, 0]) once
 # every row's step is at most this; what is left of the error is of order step^2.
 NEWTON_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+_sync_free_forced = False
+
+
+@contextlib.contextmanager
+def sync_free(enabled=True):
+    """Run the normalizers' sync-free path on the CPU too (a context manager).
+
+    The sync-free path makes no host synchronisation: no value is read back to Python, so a
+    GPU never waits on it and torch.compile captures it whole. It is a fixed sequence of
+    operations: exact thresholds by sorting (sparsemax, entmax15), a fixed number of Newton
+    passes frozen per row once converged (alpha_entmax), a full sort for per-row top-k,
+    and input checks that fail on the device (torch._assert_async). It always runs on
+    GPUs and under torch.compile; on the CPU the early-exit path, which stops as soon as
+    every row has converged, is faster and is the default.
+
+    Args:
+        enabled: True to force the sync-free path on the CPU inside the block, False to
+            leave the choice to the device.
+    """
+    global _sync_free_forced
+    previous, _sync_free_forced = _sync_free_forced, bool(enabled)
+    try:
+        yield
+    finally:
+        _sync_free_forced = previous
+
+
+def uses_sync_free_path(tensor):
+    """Whether the normalizers take the sync-free path for `tensor` (see sync_free)."""
+    return _sync_free_forced or tensor.device.type != "cpu" or torch.compiler.is_compiling()
+
+
+def check_values(values, in_range, message):
+    """Raise a ValueError unless the bool tensor `in_range` (of values' shape) holds everywhere.
+
+    message has a "{value}" field: the first value out of range, or on the sync-free path,
+    which cannot read it back, a device-side assertion (asynchronous on a GPU) that says so.
+    """
+    if uses_sync_free_path(values):
+        torch._assert_async(in_range.all(), message.format(value="a value out of range"))
+    elif not bool(in_range.all()):
+        raise ValueError(message.format(value=values.detach()[~in_range][0].item()))
 
 
 def check_scores(scores, dim, name):
@@ -75,7 +119,10 @@ def from_rows(rows, moved_shape, dim):
 
 def row_blocks(num_rows, d, device, block_scale=1):
     """(start, stop) of consecutive blocks of rows of about block_scale * BLOCK_ELEMENTS
-    elements on CPU, GPU_BLOCK_ELEMENTS on a GPU."""
+    elements on CPU, GPU_BLOCK_ELEMENTS on a GPU; a single block under torch.compile,
+    whose dynamic shapes would otherwise be specialised on the number of blocks."""
+    if torch.compiler.is_compiling():
+        return [(0, num_rows)]
     elements = block_scale * BLOCK_ELEMENTS if device.type == "cpu" else GPU_BLOCK_ELEMENTS
     step = max(1, elements // max(d, 1))
     return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
@@ -102,21 +149,22 @@ def shift_rows(x, z):
 
     Rows that are entirely -inf (fully masked) are written as zeros, so that no NaN
     appears; returns the (rows, 1) bool mask of the other rows, or None when all rows are
-    valid. The caller gives invalid rows zero weight.
+    valid (checked on the early-exit path only). The caller gives invalid rows zero weight.
+    A row holding a NaN has a NaN maximum: it is not masked, so the NaN reaches its output.
     """
     row_max = x.amax(dim=-1, keepdim=True).to(z.dtype)
-    valid = row_max > float("-inf")
-    all_valid = bool(valid.all())
+    masked = row_max == float("-inf")
+    all_valid = not uses_sync_free_path(x) and not bool(masked.any())
     if not all_valid:
-        row_max.masked_fill_(~valid, 0.0)
+        row_max.masked_fill_(masked, 0.0)
     if x.dtype == z.dtype:
         torch.sub(x, row_max, out=z)
     else:
         z.copy_(x).sub_(row_max)
     if all_valid:
         return None
-    z.masked_fill_(~valid, 0.0)
-    return valid
+    z.masked_fill_(masked, 0.0)
+    return ~masked
 
 
 def map_rows(scores, dim, kernel, row_params=(), num_scratch=1, block_scale=1):

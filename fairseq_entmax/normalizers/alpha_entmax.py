@@ -3,6 +3,7 @@
 p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)), tau such that sum_i p_i = 1
 (Peters et al. 2019; Correia et al. 2019, Proposition 1 for d p / d alpha).
 """
+import functools
 import math
 import numbers
 
@@ -11,11 +12,13 @@ import torch
 from fairseq_entmax.normalizers._common import (
     NEWTON_TOLERANCE,
     check_scores,
+    check_values,
     compute_dtype,
     map_rows,
     map_rows_backward,
     shift_rows,
     sparse_map_backward,
+    uses_sync_free_path,
 )
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
@@ -25,6 +28,12 @@ from fairseq_entmax.normalizers.sparsemax import sparsemax
 # then corrected to first order for that last step, which leaves an error of order step^2.
 # _MAX_PASSES only bounds a pathological case.
 _MAX_PASSES = 64
+# The sync-free path makes a fixed number of passes, each row's tau frozen once its step is
+# within NEWTON_TOLERANCE: for alpha <= 2 (the plain search) and for any alpha (the
+# safeguarded one). Each is the largest number of passes the early-exit search needed on the
+# adversarial rows of tests/test_normalizers_sync_free.py (up to 16,384 keys, alpha up to 3),
+# with a margin; see docs/normalizers.md.
+SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
 # Rows with alpha - 1 below this are computed as softmax, their limit at alpha = 1. The
 # search works on r = (alpha - 1) z - tau, values near 1 whose rounding (eps) is an error of
@@ -41,9 +50,9 @@ _SOFTMAX_BELOW = {torch.float32: 6e-5, torch.float64: 2.5e-9}
 _NEAR_ONE_BELOW = 5e-3
 
 
-def alpha_entmax_rows(x, out, am1, r, q, rq):
+def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     """alpha-entmax of each row of the block x into out, am1 = alpha - 1 per row (m, 1);
-    r, q and rq are scratch blocks.
+    r, q and rq are scratch blocks; at_most_two: alpha is known to be <= 2.
 
     Rows with am1 == 0 are softmax. Otherwise, with z = am1 * x (row max 0) and
     n = 1 / am1, tau solves sum_i [z_i - tau]_+^n = 1. Newton's method runs on the norm
@@ -53,21 +62,24 @@ def alpha_entmax_rows(x, out, am1, r, q, rq):
     quadratically near it; 4 to 7 passes for attention rows. For alpha > 2 that guarantee
     is lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
-    tau + step (to first order, from the last pass) and divided by its sum.
+    tau + step (to first order, from the last pass) and divided by its sum. The sync-free
+    path makes SYNC_FREE_PASSES passes instead, and decides from at_most_two, not from
+    alpha's values, which search to run.
     """
+    sync_free = uses_sync_free_path(x)
     is_softmax = am1 < _SOFTMAX_BELOW[am1.dtype]
-    any_softmax = bool(is_softmax.any())
+    any_softmax = sync_free or bool(is_softmax.any())
     if any_softmax:
         am1 = am1.masked_fill(is_softmax, 1.0)  # any value: these rows are replaced below
     valid = shift_rows(x, out)
     # tau >= -1, so entries with am1 * z < -1 never enter the support: clamping them to
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(am1).clamp_min_(-2.0)
-    newton = _NewtonOnNorm(z, am1, r, q, rq)
+    newton = _NewtonOnNorm(z, am1, r, q, rq, sync_free)
     # The plain loop has less than half the operations of the safeguarded one, and their
     # number is what a call on a few short rows (a decoding step) costs.
-    search = newton.plain if bool((am1 <= 1.0).all()) else newton.safeguarded
-    step = search()
+    plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
+    step = newton.plain() if plain else newton.safeguarded()
     # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
     # order step^2 instead of step (and costs no further power); then renormalise.
     torch.sub(r, step / am1, out=out).clamp_min_(0.0).mul_(q)
@@ -81,15 +93,24 @@ def alpha_entmax_rows(x, out, am1, r, q, rq):
 class _NewtonOnNorm:
     """Newton's method on F(tau) - 1 for the rows of z (see alpha_entmax_rows). Both searches
     start at tau = -1 and return the last step; r = [z - tau]_+ and q = r^(n - 1) are left
-    from the last pass, at the tau before that step."""
+    from the last pass, at the tau before that step. With sync_free, they make a fixed
+    number of passes (SYNC_FREE_PASSES), each row frozen once converged."""
 
-    def __init__(self, z, am1, r, q, rq):
+    def __init__(self, z, am1, r, q, rq, sync_free):
         self.z, self.am1, self.r, self.q, self.rq = z, am1, r, q, rq
+        self.sync_free = sync_free
         self.exponent = 1.0 / am1 - 1.0  # n - 1
         self.one_minus_am1 = 1.0 - am1
         # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
-        self.mask_zeros = bool((self.exponent <= 0).any())
+        self.mask_zeros = sync_free or bool((self.exponent <= 0).any())
         self.tolerance = NEWTON_TOLERANCE[z.dtype]
+
+    def passes(self, search):
+        return SYNC_FREE_PASSES[search] if self.sync_free else _MAX_PASSES
+
+    def converged(self, step):
+        """Per row, whether the step is within tolerance; NaN rows count as converged."""
+        return ~(step.abs() > self.tolerance)
 
     def total_and_step(self, tau):
         """sum_i r_i^n (= sum p) and the Newton step (F - 1) / -F' at tau."""
@@ -107,11 +128,12 @@ class _NewtonOnNorm:
     def plain(self):
         """For alpha <= 2, where the steps rise monotonically to the root."""
         tau = torch.full_like(self.am1, -1.0)
-        for _ in range(_MAX_PASSES):
+        for _ in range(self.passes("plain")):
             _, step = self.total_and_step(tau)
-            if step.abs().max().item() <= self.tolerance:
+            converged = self.converged(step)
+            if not self.sync_free and bool(converged.all()):
                 break
-            tau.add_(step)
+            tau.add_(step.masked_fill(converged, 0.0))
         return step
 
     def safeguarded(self):
@@ -119,10 +141,10 @@ class _NewtonOnNorm:
         lo = torch.full_like(self.am1, -1.0)
         hi = -torch.pow(torch.full_like(self.am1, 1.0 / self.z.shape[1]), self.am1)
         tau = lo.clone()
-        for _ in range(_MAX_PASSES):
+        for _ in range(self.passes("safeguarded")):
             total, step = self.total_and_step(tau)
-            converged = step.abs() <= self.tolerance
-            if bool(converged.all()):
+            converged = self.converged(step)
+            if not self.sync_free and bool(converged.all()):
                 break
             below = total >= 1.0
             lo = torch.where(below, tau, lo)
@@ -131,20 +153,22 @@ class _NewtonOnNorm:
             # Bisect where a step would leave the bracket (or is NaN), except for rows
             # that have already converged: their tiny steps may graze the bracket's ends.
             outside = ~((new_tau > lo) & (new_tau < hi)) & ~converged
-            tau = torch.where(outside, (lo + hi) / 2, new_tau)
+            tau = torch.where(converged, tau, torch.where(outside, (lo + hi) / 2, new_tau))
         return step
 
 
 def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s, product):
     """Gradient of the scores into grad_out; returns d loss / d alpha per row (or None).
     log_p, s and product are scratch blocks (product holds g times another block, which
-    vecdot would allocate)."""
+    vecdot would allocate). On the sync-free path both branches that depend on alpha's
+    values are always taken."""
+    sync_free = uses_sync_free_path(p)
     # log p with p clamped to the smallest normal number: finite everywhere (and the log of
     # 0 is several times slower than that of a positive number).
     torch.clamp_min(p, torch.finfo(p.dtype).tiny, out=log_p).log_()
     # s = p^(2 - alpha) = p * exp(-am1 log p): exactly 0 where p = 0 ...
     torch.mul(log_p, -am1, out=s).exp_().mul_(p)
-    if bool((am1 > 1).any()):  # ... unless alpha > 2, where exp overflows: 0 * inf = NaN
+    if sync_free or bool((am1 > 1).any()):  # ... unless alpha > 2, where exp overflows
         s.masked_fill_(p == 0, 0.0)
     skewed_mean = sparse_map_backward(g, s, grad_out)  # sum g s / sum s = sum g p~
     if not need_alpha_grad:
@@ -157,7 +181,7 @@ def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s, p
     g_p = torch.mul(g, p, out=product).sum(dim=-1, keepdim=True)
     general = (g_p - skewed_mean) / am1.square() + (g_h - skewed_mean * entropy) / am1
     near_one = am1 < _NEAR_ONE_BELOW
-    if not bool(near_one.any()):
+    if not sync_free and not bool(near_one.any()):
         return general
     # (general is inf or NaN at am1 = 0; torch.where drops it there)
     return torch.where(near_one, _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product), general)
@@ -187,14 +211,16 @@ def _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product):
 
 class AlphaEntmaxFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, scores, alpha, dim):
-        """alpha: a tensor with scores.dim() dims, broadcastable, of size 1 along dim."""
+    def forward(ctx, scores, alpha, dim, at_most_two):
+        """alpha: a tensor with scores.dim() dims, broadcastable, of size 1 along dim, on
+        scores' device; at_most_two: whether alpha is known to be <= 2."""
         ctx.dim = dim
         if scores.numel() == 0:
             out = scores.clone()
         else:
             am1 = _rows_of_alpha(alpha, scores, dim, compute_dtype(scores.dtype)) - 1.0
-            out = map_rows(scores, dim, alpha_entmax_rows, row_params=(am1,), num_scratch=3)
+            kernel = functools.partial(alpha_entmax_rows, at_most_two=at_most_two)
+            out = map_rows(scores, dim, kernel, row_params=(am1,), num_scratch=3)
         ctx.save_for_backward(out, alpha)
         return out
 
@@ -203,7 +229,7 @@ class AlphaEntmaxFunction(torch.autograd.Function):
         out, alpha = ctx.saved_tensors
         need_alpha_grad = ctx.needs_input_grad[1]
         if out.numel() == 0:
-            return torch.zeros_like(out), torch.zeros_like(alpha) if need_alpha_grad else None, None
+            return torch.zeros_like(out), torch.zeros_like(alpha) if need_alpha_grad else None, None, None
         am1 = _rows_of_alpha(alpha, out, ctx.dim, compute_dtype(out.dtype)) - 1.0
 
         def kernel(p, g, grad_out, am1_block, log_p, s, product):
@@ -215,9 +241,9 @@ class AlphaEntmaxFunction(torch.autograd.Function):
             out, grad, ctx.dim, kernel, row_params=(am1,), num_scratch=3, row_result=need_alpha_grad
         )
         if not need_alpha_grad:
-            return result, None, None
+            return result, None, None, None
         grad_scores, grad_alpha = result
-        return grad_scores, grad_alpha.sum_to_size(alpha.shape).to(alpha.dtype), None
+        return grad_scores, grad_alpha.sum_to_size(alpha.shape).to(alpha.dtype), None, None
 
 
 def _rows_of_alpha(alpha, scores, dim, dtype):
@@ -227,15 +253,18 @@ def _rows_of_alpha(alpha, scores, dim, dtype):
     return per_row.reshape(-1, 1).to(dtype)
 
 
-def _check_alpha(alpha, scores, dim):
-    """Validate alpha; return it as a float or as a tensor with scores.dim() dims."""
+def _check_alpha(alpha, scores, dim, max_alpha):
+    """Validate alpha; return it as a float or as a tensor with scores.dim() dims on scores'
+    device (values checked on the device on the sync-free path)."""
+    upper = math.inf if max_alpha is None else max_alpha
     allowed = (
         "alpha must be >= 1 (1 = softmax, 1.5 = entmax15, 2 = sparsemax), given as a finite "
         "float or a floating tensor broadcastable to scores with size 1 along dim"
+        + ("" if max_alpha is None else f", and at most max_alpha={max_alpha}")
     )
     if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
         alpha = float(alpha)
-        if not (math.isfinite(alpha) and alpha >= 1.0):
+        if not (math.isfinite(alpha) and 1.0 <= alpha <= upper):
             raise ValueError(f"alpha_entmax: got alpha={alpha}; {allowed}")
         return alpha
     if not (torch.is_tensor(alpha) and alpha.is_floating_point()):
@@ -254,20 +283,32 @@ def _check_alpha(alpha, scores, dim):
             f"alpha_entmax: alpha of shape {tuple(alpha.shape)} does not fit scores of shape "
             f"{tuple(scores.shape)} with dim={dim}; {allowed}"
         )
-    bad = ~((alpha >= 1.0) & (alpha < math.inf))  # NaN fails both comparisons
-    if bool(bad.any()):
-        first_bad = alpha.detach()[bad][0].item()
-        raise ValueError(f"alpha_entmax: alpha contains {first_bad}; {allowed}")
+    full = full.to(scores.device)
+    in_range = (full >= 1.0) & (full <= upper) & (full < math.inf)  # NaN fails them all
+    check_values(full, in_range, "alpha_entmax: alpha contains {value}; " + allowed)
     return full
 
 
-def alpha_entmax(scores, alpha, dim=-1):
+def alpha_entmax(scores, alpha, dim=-1, max_alpha=None):
     """alpha-entmax along `dim`, differentiable w.r.t. scores and alpha.
 
-    alpha >= 1: a float, or a tensor broadcastable to scores with size 1 along dim (for
-    example one alpha per head: shape (1, heads, 1, 1) against scores of shape
-    (batch, heads, queries, keys)). alpha = 1 is softmax, 2 is
-    sparsemax, 1.5 is entmax15; a python float equal to one of these uses that exact map.
+    Args:
+        scores: floating tensor of any shape.
+        alpha: >= 1, a float, or a tensor broadcastable to scores with size 1 along dim
+            (for example one alpha per head: shape (1, heads, 1, 1) against scores of shape
+            (batch, heads, queries, keys)), on any device (it is moved to scores') and in
+            any floating dtype (half precision is computed in float32; its gradient comes
+            back in alpha's dtype). alpha = 1 is softmax, 2 is sparsemax, 1.5 is entmax15;
+            a python float equal to one of these uses that exact map.
+        dim: the dim to normalise along.
+        max_alpha: an upper bound on alpha known in advance, such as the clamp of a
+            learned alpha. The sync-free path (see sync_free) cannot read alpha's values
+            to choose its search: with max_alpha <= 2 it runs the plain Newton search
+            (16 passes), otherwise the safeguarded one (32 passes). A larger alpha is an
+            error.
+
+    Returns:
+        A tensor of scores' shape and dtype, non-negative, summing to 1 along dim.
 
     The threshold is found by Newton steps (bracketed for alpha > 2; see alpha_entmax_rows) that stop
     once every step on tau is below 1e-5 (float32) or 1e-12 (float64), usually after 4 to 7
@@ -284,7 +325,9 @@ def alpha_entmax(scores, alpha, dim=-1):
     float16/bfloat16 inputs are computed in float32 and returned in their own dtype.
     """
     dim = check_scores(scores, dim, "alpha_entmax")
-    alpha = _check_alpha(alpha, scores, dim)
+    if max_alpha is not None and not (isinstance(max_alpha, numbers.Real) and max_alpha >= 1.0):
+        raise ValueError(f"alpha_entmax: max_alpha must be a number >= 1 or None, got {max_alpha!r}")
+    alpha = _check_alpha(alpha, scores, dim, max_alpha)
     if isinstance(alpha, float):
         if alpha == 1.0:
             return softmax(scores, dim)
@@ -292,6 +335,8 @@ def alpha_entmax(scores, alpha, dim=-1):
             return entmax15(scores, dim)
         if alpha == 2.0:
             return sparsemax(scores, dim)
+        max_alpha = alpha if max_alpha is None else max_alpha
         alpha = torch.full((1,) * scores.dim(), alpha, dtype=compute_dtype(scores.dtype),
                            device=scores.device)
-    return AlphaEntmaxFunction.apply(scores, alpha, dim)
+    at_most_two = max_alpha is not None and max_alpha <= 2.0
+    return AlphaEntmaxFunction.apply(scores, alpha, dim, at_most_two)

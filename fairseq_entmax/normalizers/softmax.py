@@ -1,7 +1,7 @@
 """softmax with the masking convention of this package: an all -inf row gives zeros."""
 import torch
 
-from fairseq_entmax.normalizers._common import check_scores, compute_dtype
+from fairseq_entmax.normalizers._common import check_scores, compute_dtype, uses_sync_free_path
 
 
 def softmax_forward(x, dim):
@@ -10,17 +10,20 @@ def softmax_forward(x, dim):
     if p.numel() == 0:
         return p
     # Only an all -inf (or NaN) row has NaN in its first entry; checking that one entry
-    # per row keeps the usual case at the cost of torch.softmax itself.
-    first = p.narrow(dim, 0, 1)
-    if torch.isnan(first).any():
+    # per row keeps the usual case at the cost of torch.softmax itself. The sync-free path
+    # cannot read that check back and masks every call.
+    if uses_sync_free_path(x) or torch.isnan(p.narrow(dim, 0, 1)).any():
         fully_masked = x.amax(dim=dim, keepdim=True) == float("-inf")
         p.masked_fill_(fully_masked, 0.0)
     return p
 
 
-def softmax_backward(grad, p, dim):
-    """Vector-Jacobian product of softmax, p * (grad - sum(p * grad)), in p's dtype."""
-    return torch._softmax_backward_data(grad, p, dim, p.dtype)
+def softmax_backward(grad, out, dim):
+    """Vector-Jacobian product of softmax, p * (grad - sum(p * grad)), for the output `out`
+    of a softmax (or top-k softmax) along dim: computed in the compute dtype, returned in
+    out's."""
+    p = out.to(compute_dtype(out.dtype))
+    return torch._softmax_backward_data(grad.to(p.dtype), p, dim, p.dtype).to(out.dtype)
 
 
 class SoftmaxFunction(torch.autograd.Function):
@@ -35,9 +38,7 @@ class SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (out,) = ctx.saved_tensors
-        p = out.to(compute_dtype(out.dtype))
-        grad_scores = softmax_backward(grad.to(p.dtype), p, ctx.dim)
-        return grad_scores.to(out.dtype), None
+        return softmax_backward(grad, out, ctx.dim), None
 
 
 def softmax(scores, dim=-1):

@@ -9,6 +9,7 @@ from fairseq_entmax.normalizers._common import (
     output_only_forward,
     shift_rows,
     sparse_map_backward,
+    uses_sync_free_path,
 )
 
 
@@ -21,25 +22,45 @@ def sparsemax_rows(x, out, r):
     so tau rises monotonically and never passes the root; once the count no longer
     changes, tau solves the equation on the true support and is the exact threshold.
     Each pass is a few operations on a block that stays in cache; attention rows need
-    4 to 7 passes.
+    4 to 7 passes. On the sync-free path the threshold comes from sorting instead.
     """
     valid = shift_rows(x, out)
     # tau >= max - 1 = -1, so entries below -1 never enter the support: clamping them to
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.clamp_min_(-2.0)
+    tau = sparsemax_threshold_by_sorting(z) if uses_sync_free_path(z) else _michelot_threshold(z, r)
+    z.sub_(tau).clamp_min_(0.0)
+    if valid is not None:
+        out.masked_fill_(~valid, 0.0)
+
+
+def _michelot_threshold(z, r):
+    """tau of each row of z by Michelot's passes, stopping once no row's support changes."""
     tau = z.new_full((z.shape[0], 1), -1.0)
     count = None
     for _ in range(z.shape[1] + 1):  # the support shrinks at each pass: at most d + 1
         torch.sub(z, tau, out=r).clamp_min_(0.0)
         total = r.sum(dim=-1, keepdim=True)
-        new_count = r.sign_().sum(dim=-1, keepdim=True)  # sign: far cheaper than r > 0
+        # sign: far cheaper than r > 0; a NaN row counts 0 (its tau is NaN either way), so
+        # that it does not keep the others searching.
+        new_count = r.sign_().sum(dim=-1, keepdim=True).nan_to_num_(nan=0.0)
         if count is not None and torch.equal(new_count, count):
             break
         tau = tau + (total - 1.0) / new_count
         count = new_count
-    z.sub_(tau).clamp_min_(0.0)
-    if valid is not None:
-        out.masked_fill_(~valid, 0.0)
+    return tau
+
+
+def sparsemax_threshold_by_sorting(z):
+    """tau of each row of z, exactly, from its sorted entries: the support is the k largest
+    entries for the largest k with 1 + k z_(k) > z_(1) + ... + z_(k) (Held et al. 1974)."""
+    d = z.shape[-1]
+    ordered = torch.sort(z, dim=-1, descending=True).values
+    excess = ordered.cumsum(dim=-1).sub_(1.0)
+    ranks = torch.arange(1, d + 1, dtype=z.dtype, device=z.device)
+    # at least 1: a NaN row, where every comparison fails, takes a NaN threshold anyway
+    size = (ordered * ranks > excess).sum(dim=-1, keepdim=True).clamp_min_(1)
+    return excess.gather(-1, size - 1) / size.to(z.dtype)
 
 
 def sparsemax_rows_backward(p, g, grad_out, s):

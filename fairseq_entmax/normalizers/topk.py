@@ -4,8 +4,15 @@ import numbers
 
 import torch
 
-from fairseq_entmax.normalizers._common import as_rows, check_scores, output_only_forward, shift_rows
-from fairseq_entmax.normalizers.softmax import SoftmaxFunction
+from fairseq_entmax.normalizers._common import (
+    as_rows,
+    check_values,
+    check_scores,
+    output_only_forward,
+    shift_rows,
+    uses_sync_free_path,
+)
+from fairseq_entmax.normalizers.softmax import softmax_backward
 
 
 def topk_softmax_rows(x, out, k):
@@ -15,8 +22,10 @@ def topk_softmax_rows(x, out, k):
     d = x.shape[1]
     if torch.is_tensor(k):
         k = k.clamp(max=d)
-        # Each row's k-th largest, from the sorted max(k) largest of every row.
-        largest = torch.topk(x, int(k.max()), dim=-1, sorted=True).values
+        # Each row's k-th largest, from the sorted max(k) largest of every row (all of them
+        # on the sync-free path, which cannot read max(k)).
+        kept = d if uses_sync_free_path(x) else int(k.max())
+        largest = torch.topk(x, kept, dim=-1, sorted=True).values
         dropped = x < largest.gather(-1, k - 1)
     elif k < d:
         dropped = x < torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
@@ -42,8 +51,8 @@ class TopkSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Dropped entries have p = 0, so the softmax VJP gives them gradient 0.
-        grad_scores, _ = SoftmaxFunction.backward(ctx, grad)
-        return grad_scores, None, None
+        (out,) = ctx.saved_tensors
+        return softmax_backward(grad, out, ctx.dim), None, None
 
 
 def topk_softmax(scores, k, dim=-1):
@@ -68,8 +77,8 @@ def topk_softmax(scores, k, dim=-1):
         except RuntimeError:
             raise ValueError(f"topk_softmax: k of shape {tuple(k.shape)} does not fit scores of shape "
                              f"{tuple(scores.shape)} with dim={dim}; {allowed}") from None
-        if k.numel() and int(k.min()) < 1:
-            raise ValueError(f"topk_softmax: k contains {int(k.min())}; {allowed}")
+        if k.numel():
+            check_values(k, k >= 1, "topk_softmax: k contains {value}; " + allowed)
     elif isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
         raise ValueError(f"topk_softmax: k must be an integer >= 1 (keys kept per row), got {k!r}")
     else:
