@@ -1,20 +1,29 @@
-"""The normalizers on a CUDA device give what they give on the CPU: outputs, gradients of the
-scores and of alpha, in float32 and half precision, with -inf masks, fully masked rows and
-extreme scores, and over inputs large enough to be split into several GPU blocks.
+"""What users rely on when the normalizers run on a CUDA device: the GPU gives what the CPU
+gives (outputs, gradients of the scores and of alpha, in float32 and half precision, with -inf
+masks, fully masked rows and extreme scores, over inputs split into several GPU blocks);
+per-head alphas that reach every branch of alpha_entmax agree with the independent float64
+references within the documented bounds; masked keys get zero gradient; alpha may be given on
+the CPU; and nothing synchronises the host (torch.cuda.set_sync_debug_mode("error")).
 
-CI has no GPU: these tests skip there. On a GPU machine they need only torch and pytest (not
-fairseq, nor this suite's fairseq fixtures):
+CI has no GPU: the device-independent tests run there on the CPU, on the sync-free path the
+GPU takes (forced by sync_free()); the others skip. On a GPU machine they need only torch,
+numpy and pytest (not fairseq, nor this suite's fairseq fixtures):
 
-    PYTHONPATH=. python -m pytest --noconftest tests/test_normalizers_cuda.py
+    PYTHONPATH=.:tests python -m pytest --noconftest tests/test_normalizers_cuda.py
 """
+import contextlib
+
+import numpy as np
 import pytest
 import torch
 
-from fairseq_entmax.normalizers import _common, alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from fairseq_entmax.normalizers import _common, alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
+from normalizer_references import alpha_entmax_reference
 
-pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA device; CI has none (run it on a GPU machine)"
-)
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device; CI has none (run it on a GPU machine)")
+# The device-independent tests: on the CPU with the GPU's (sync-free) path, and on CUDA.
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 DEVICE = "cuda"
 HEADS = 4
@@ -55,7 +64,8 @@ def forward_backward(name, scores, alpha_logits, upstream):
     """p, d loss / d scores and, for alpha_entmax, d loss / d alpha_logits, on scores' device."""
     scores = scores.clone().requires_grad_()
     alpha_logits = alpha_logits.clone().requires_grad_()
-    alpha = (1.0 + torch.sigmoid(alpha_logits)).view(1, HEADS, 1, 1).to(scores.dtype)
+    # alpha stays in float32, as SparseMultiheadAttention gives it: half precision would round it
+    alpha = (1.0 + torch.sigmoid(alpha_logits)).view(1, HEADS, 1, 1)
     p = MAPS[name](scores, alpha)
     (p.float() * upstream).sum().backward()
     alpha_grad = alpha_logits.grad if name == "alpha_entmax" else None
@@ -82,12 +92,14 @@ def assert_devices_agree(name, scores, dtype):
     assert torch.all(p_gpu[masked] == 0), f"{name}: a masked entry has weight on {DEVICE}"
 
 
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", MAPS)
 def test_cuda_agrees_with_cpu(name, dtype):
     assert_devices_agree(name, attention_scores(3, 7, 40, dtype, seed=0), dtype)
 
 
+@needs_cuda
 @pytest.mark.parametrize("name", MAPS)
 def test_cuda_agrees_with_cpu_across_several_gpu_blocks(name):
     """An input of more than GPU_BLOCK_ELEMENTS entries is processed in several blocks."""
@@ -96,3 +108,72 @@ def test_cuda_agrees_with_cpu_across_several_gpu_blocks(name):
     scores = attention_scores(2, queries, keys, torch.float32, seed=2)
     assert scores.numel() > _common.GPU_BLOCK_ELEMENTS
     assert_devices_agree(name, scores, torch.float32)
+
+
+def on_device(device):
+    """The path that device takes: the sync-free one, forced on the CPU."""
+    return sync_free() if device == "cpu" else contextlib.nullcontext()
+
+
+# One alpha per head reaching each branch of alpha_entmax: computed as softmax (alpha - 1 below
+# 6e-5 in float32), the alpha gradient's form near 1 (below 1.005), the plain Newton search,
+# and the safeguarded one (alpha > 2); with the bound the docstring states for each.
+BRANCH_ALPHAS = [1.00003, 1.004, 1.5, 2.5]
+BOUNDS = {torch.float32: [1.5e-4, 1.5e-4, 1e-6, 3e-6], torch.float64: [1e-8, 1e-8, 1e-13, 1e-13]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_head_alphas_of_every_branch_match_the_references(device, dtype):
+    generator = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, HEADS, 6, 50, generator=generator, dtype=torch.float64) * 3
+    scores[0, :, :, 40:] = float("-inf")  # padded keys
+    upstream = torch.randn(scores.shape, generator=generator, dtype=torch.float64)
+    alpha = torch.tensor(BRANCH_ALPHAS, dtype=torch.float64).view(1, HEADS, 1, 1)
+
+    x = scores.to(device, dtype).clone().requires_grad_()
+    alpha_on_device = alpha.to(device, dtype).clone().requires_grad_()
+    with on_device(device):
+        p = alpha_entmax(x, alpha_on_device)
+        (p * upstream.to(device, dtype)).sum().backward()
+    p = p.detach().cpu().double()
+    for head, bound in enumerate(BOUNDS[dtype]):
+        rows = scores[:, head].to(dtype).double().reshape(-1, 50).numpy()  # as the map was given them
+        expected = np.stack([alpha_entmax_reference(row, BRANCH_ALPHAS[head]) for row in rows])
+        error = np.abs(p[:, head].reshape(-1, 50).numpy() - expected).max()
+        assert error <= bound, f"alpha {BRANCH_ALPHAS[head]}, {dtype}: error {error:.2e} > {bound:.0e}"
+    assert torch.all(x.grad[0, :, :, 40:] == 0), "a masked key has a gradient"
+    # The alpha gradient against the float64 one of the CPU's early-exit path.
+    reference_alpha = alpha.clone().requires_grad_()
+    (alpha_entmax(scores, reference_alpha) * upstream).sum().backward()
+    torch.testing.assert_close(alpha_on_device.grad.cpu().double(), reference_alpha.grad, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_alpha_given_on_the_cpu(device):
+    """alpha on the CPU, scores on the device: alpha is moved, and its gradient comes back to
+    the CPU tensor."""
+    scores = torch.randn(2, HEADS, 3, 7, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
+    alpha = torch.tensor([1.2, 1.4, 1.6, 1.8]).view(1, HEADS, 1, 1).requires_grad_()
+    with on_device(device):
+        p = alpha_entmax(scores, alpha)
+        p.pow(2).sum().backward()
+    assert p.device.type == device and alpha.grad.device.type == "cpu"
+    assert torch.isfinite(alpha.grad).all() and alpha.grad.abs().sum() > 0
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", MAPS)
+def test_no_host_synchronisation_on_cuda(name):
+    """Forward and backward of each map with CUDA's sync debug mode set to raise on any
+    synchronising call (a warm-up call first: the first launch of a kernel may sync)."""
+    scores = attention_scores(3, 7, 40, torch.float32, seed=0).to(DEVICE)
+    alpha_logits = torch.randn(HEADS, device=DEVICE)
+    upstream = torch.randn(scores.shape, device=DEVICE)
+    forward_backward(name, scores, alpha_logits, upstream)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        forward_backward(name, scores, alpha_logits, upstream)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

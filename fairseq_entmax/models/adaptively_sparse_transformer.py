@@ -137,6 +137,12 @@ def add_sparse_attention_args(parser):
         "--topk-min", type=parse_topk, metavar="K",
         help="top-k attention with --topk-fraction: keep at least K keys (default 1)",
     )
+    parser.add_argument(
+        "--compile-normalizers", action="store_true", default=None,
+        help="run the attention normalizers through torch.compile(fullgraph=True, "
+        "dynamic=True): fused kernels on a GPU; compiling takes minutes on a CPU, where it "
+        "does not pay (see docs/fairseq.md)",
+    )
 
 
 def sparse_attention_defaults(args, normalizer):
@@ -144,7 +150,7 @@ def sparse_attention_defaults(args, normalizer):
     OmegaConf configs that checkpoints hold. Only an absent (None) option takes its default: a
     value given as 0, e.g. through --model-overrides, is left for the validation to refuse."""
     defaults = {"attention_normalizer": normalizer, "alpha_init": "random", "alpha_clamp": (1.01, 2.0),
-                "topk": 8, "topk_fraction": None, "topk_min": 1}
+                "topk": 8, "topk_fraction": None, "topk_min": 1, "compile_normalizers": False}
     defaults.update((f"{attention_type}_attention_normalizer", None) for attention_type in ATTENTION_TYPES)
     for name, default in defaults.items():
         if getattr(args, name, None) is None:

@@ -46,6 +46,9 @@ class SparseMultiheadAttention(MultiheadAttention):
     alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp), initialised from N(0, 1)
     (alpha_init="random", as Correia et al. did) or so that every head starts at
     alpha_init.
+
+    compile_normalizer: run the normalizer through torch.compile(fullgraph=True,
+    dynamic=True) (one graph for every batch shape; see docs/fairseq.md for when it pays).
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         topk=8,
         topk_fraction=None,
         topk_min=1,
+        compile_normalizer=False,
         **multihead_attention_kwargs,
     ):
         if attention_type not in ATTENTION_TYPES:
@@ -87,7 +91,11 @@ class SparseMultiheadAttention(MultiheadAttention):
         self.topk = topk
         self.topk_fraction = topk_fraction
         self.topk_min = topk_min
-        self._normalizer = get_normalizer(normalizer_name)
+        normalizer = get_normalizer(normalizer_name)
+        if compile_normalizer:
+            normalizer = torch.compile(normalizer, fullgraph=True, dynamic=True)
+        self._normalizer = normalizer
+        self.compile_normalizer = compile_normalizer
         if normalizer_name == "alpha_entmax":
             if alpha_init == "random":
                 initial = torch.randn(num_heads)
@@ -101,6 +109,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         text = f"attention_type={self.attention_type}, normalizer={self.normalizer_name}"
         if self.normalizer_name == "alpha_entmax":
             text += f", alpha_clamp={self.alpha_clamp}"
+        if self.compile_normalizer:
+            text += ", compiled"
         if self.normalizer_name == "topk":
             text += (
                 f", topk={self.topk}" if self.topk_fraction is None
@@ -124,8 +134,10 @@ class SparseMultiheadAttention(MultiheadAttention):
         """Attention probabilities from scores of shape (batch * heads, queries, keys)."""
         if self.normalizer_name == "alpha_entmax":
             per_head = scores.view(-1, self.num_heads, scores.size(1), scores.size(2))
-            alpha = self.head_alpha().to(scores.dtype).view(1, self.num_heads, 1, 1)
-            return self._normalizer(per_head, alpha, dim=-1).view_as(scores)
+            alpha = self.head_alpha().view(1, self.num_heads, 1, 1)
+            # The clamp bounds alpha: the sync-free path (GPUs, torch.compile) takes the
+            # search for alpha <= 2 from it instead of reading alpha's values.
+            return self._normalizer(per_head, alpha, dim=-1, max_alpha=self.alpha_clamp[1]).view_as(scores)
         if self.normalizer_name == "topk":
             k = keys_kept_per_query(scores, self.topk, self.topk_fraction, self.topk_min)
             return self._normalizer(scores, k, dim=-1)

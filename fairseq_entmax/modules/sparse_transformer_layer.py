@@ -23,6 +23,7 @@ def sparse_attention_options(cfg, attention_type):
         topk=cfg.topk,
         topk_fraction=cfg.topk_fraction,
         topk_min=cfg.topk_min,
+        compile_normalizer=cfg.compile_normalizers,
     )
 
 
