@@ -13,9 +13,15 @@ amount of memory held during one forward+backward beyond the scores and the upst
 gradient: the result, the gradient of the scores and all temporaries (CPU: peak resident
 set size, reset before each call; CUDA: max_memory_allocated).
 
+--path chooses which of our paths is measured: early-exit (the CPU's default), sync-free (what
+a GPU runs, forced on the CPU) or compiled (the sync-free path through torch.compile, as
+--compile-normalizers runs it; compiled once per shape during the warm-up, not timed).
+
 Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
+          [--path {early-exit,sync-free,compiled}]
 """
 import argparse
+import functools
 import os
 import platform
 import random
@@ -25,7 +31,7 @@ import time
 
 import torch
 
-from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
 
 try:
     import entmax as entmax_package
@@ -47,21 +53,41 @@ def torch_softmax(x, alpha_logits):
     return torch.softmax(x, -1)
 
 
-def methods():
-    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs.
-    torch.softmax is one function, timed once, in both of its places."""
+def _on_sync_free_path(fn):
+    """fn run with the sync-free path forced."""
+    @functools.wraps(fn)
+    def wrapped(*args):
+        with sync_free():
+            return fn(*args)
+    return wrapped
+
+
+PATHS = {
+    "early-exit": lambda fn: fn,
+    "sync-free": _on_sync_free_path,
+    "compiled": lambda fn: torch.compile(fn, fullgraph=True),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def methods(path="early-exit"):
+    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs, ours
+    on `path` (a key of PATHS). torch.softmax is one function, timed once, in both of its
+    places. Cached: a compiled function is compiled once."""
     pkg = entmax_package
+    ours = PATHS[path]
     return [
         ("torch.softmax", torch_softmax, None),
-        ("softmax", lambda x, a: softmax(x, -1), torch_softmax),
-        ("sparsemax", lambda x, a: sparsemax(x, -1), pkg and (lambda x, a: pkg.sparsemax(x, -1))),
-        ("entmax15", lambda x, a: entmax15(x, -1), pkg and (lambda x, a: pkg.entmax15(x, -1))),
+        ("softmax", ours(lambda x, a: softmax(x, -1)), torch_softmax),
+        ("sparsemax", ours(lambda x, a: sparsemax(x, -1)), pkg and (lambda x, a: pkg.sparsemax(x, -1))),
+        ("entmax15", ours(lambda x, a: entmax15(x, -1)), pkg and (lambda x, a: pkg.entmax15(x, -1))),
         (
             "alpha_entmax (learned, per head)",
-            lambda x, a: alpha_entmax(x, learned_alpha(a, x.shape[0]), -1),
+            # max_alpha: 1 + sigmoid(a) <= 2, the bound SparseMultiheadAttention passes
+            ours(lambda x, a: alpha_entmax(x, learned_alpha(a, x.shape[0]), -1, max_alpha=2.0)),
             pkg and (lambda x, a: pkg.entmax_bisect(x, learned_alpha(a, x.shape[0]), -1)),
         ),
-        (f"topk_softmax (k={TOPK})", lambda x, a: topk_softmax(x, TOPK, -1), None),
+        (f"topk_softmax (k={TOPK})", ours(lambda x, a: topk_softmax(x, TOPK, -1)), None),
     ]
 
 
@@ -142,11 +168,11 @@ def shape_inputs(shape, device):
     return scores, alpha_logits, upstream
 
 
-def method_entries():
+def method_entries(path):
     """(name, "ours" or "package", fn) for every function to measure, each function once,
     and {(name, which): key of the entry it is measured under} for every place."""
     entries, place_of, seen = [], {}, {}
-    for name, ours, package in methods():
+    for name, ours, package in methods(path):
         for which, fn in (("ours", ours), ("package", package)):
             if fn is None:
                 continue
@@ -157,13 +183,13 @@ def method_entries():
     return entries, place_of
 
 
-def time_shape(shape, rounds, device):
+def time_shape(shape, rounds, device, path):
     """Median forward+backward milliseconds per method, and our max abs difference to the
     package per map. Each round times every method once, in an order shuffled per round, so
     that what one method leaves behind (caches, allocator state) does not always fall on
     the same next one."""
     scores, alpha_logits, upstream = shape_inputs(shape, device)
-    entries, place_of = method_entries()
+    entries, place_of = method_entries(path)
     for _, _, fn in entries:  # warm-up
         forward_backward(fn, scores, alpha_logits, upstream)
     times = {(name, which): [] for name, which, _ in entries}
@@ -175,16 +201,16 @@ def time_shape(shape, rounds, device):
     medians = {place: statistics.median(times[key]) * 1e3 for place, key in place_of.items()}
     with torch.no_grad():
         differences = {}
-        for name, ours, package in methods():
+        for name, ours, package in methods(path):
             if package is not None:
                 differences[name] = (ours(scores, alpha_logits) - package(scores, alpha_logits)).abs().max().item()
     return medians, differences
 
 
-def memory_shape(shape, device, release_free_memory):
+def memory_shape(shape, device, release_free_memory, path):
     """Peak MiB of one forward+backward per method."""
     scores, alpha_logits, upstream = shape_inputs(shape, device)
-    entries, place_of = method_entries()
+    entries, place_of = method_entries(path)
     measured = {}
     for name, which, fn in entries:
         forward_backward(fn, scores, alpha_logits, upstream)  # allocator warm-up
@@ -256,6 +282,8 @@ def main():
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--shapes", nargs="*", default=None, help="e.g. 32x512x512 (default: all four)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory columns")
+    parser.add_argument("--path", choices=list(PATHS), default="early-exit",
+                        help="which of our paths to measure (default: early-exit, the CPU's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,18 +296,19 @@ def main():
             parser.error(f"shape {shape}: give batch*heads x queries x keys with batch*heads a multiple of {HEADS}")
     if entmax_package is None:
         print("note: the entmax package is not installed; package columns are empty", file=sys.stderr)
-    timings = {shape: time_shape(shape, args.rounds, device) for shape in shapes}
+    timings = {shape: time_shape(shape, args.rounds, device, args.path) for shape in shapes}
     # Memory is measured after every timing: on CPU it changes how the C allocator serves
     # large blocks for the rest of the process (cpu_memory_setup), which would slow the
     # timing of whatever allocates large temporaries.
     memory = {}
     if not args.no_memory:
         release_free_memory = cpu_memory_setup() if device.type == "cpu" else None
-        memory = {shape: memory_shape(shape, device, release_free_memory) for shape in shapes}
+        memory = {shape: memory_shape(shape, device, release_free_memory, args.path) for shape in shapes}
     results = {shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()}
     print(f"machine: {machine_description(device)}")
     print(f"command: python {' '.join(sys.argv)}")
-    print(f"forward+backward, float32, median of {args.rounds} rounds; ratios < 1 mean ours is faster")
+    print(f"forward+backward, float32, median of {args.rounds} rounds, ours on the {args.path} path; "
+          "ratios < 1 mean ours is faster")
     print(format_table(results, not args.no_memory))
 
 

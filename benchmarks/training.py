@@ -53,6 +53,8 @@ MODELS = {
     "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
     "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
 }
+# With --compile, each sparse model again with its normalizers through torch.compile.
+COMPILED = ["1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"]
 
 # Sentences per fairseq-generate batch.
 GEN_BATCH = 16
@@ -170,7 +172,13 @@ def main():
                              "the steady rate (default: the setting's, 64 for paper-size, 160 for long-small)")
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model, interleaved across models; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run each sparse model with --compile-normalizers (compiling is in the first, "
+                             "dropped, log interval of training and the first, cancelled, batch of generation)")
     args = parser.parse_args()
+    models = dict(MODELS)
+    if args.compile:
+        models.update((f"{name}, compiled", MODELS[name] + ["--compile-normalizers"]) for name in COMPILED)
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):
@@ -188,10 +196,10 @@ def main():
         work = work_root / name
         n_gen = args.gen_sentences or setting["gen_sentences"]
         data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
-        results = {model: {"wps": [], "rss": [], "sps": []} for model in MODELS}
+        results = {model: {"wps": [], "rss": [], "sps": []} for model in models}
         for round_ in range(args.rounds):
             save_dirs = {}
-            for model, model_args in MODELS.items():
+            for model, model_args in models.items():
                 save_dirs[model] = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
                 wps, rss = train(data_bin, save_dirs[model], [a.format(**setting) for a in model_args], setting, device_args, args.updates)
@@ -206,7 +214,7 @@ def main():
                 print(f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, sentences/s: "
                       + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()), flush=True)
         median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
-        base = median[next(iter(MODELS))]
+        base = median[next(iter(models))]
         print(f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
               f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds "
               f"(generation: of {args.rounds * args.gen_repeats} runs)\n")
