@@ -29,7 +29,7 @@ $(STAMP): setup.py Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(PY) examples/quickstart/quickstart.py
+	$(PY) -m examples.quickstart.quickstart
 
 test: setup
 	$(PY) -m pytest tests -q

@@ -138,8 +138,7 @@ def test_hub_interface_refuses_payload_checkpoint(payload):
 
 
 def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "examples"))
-    from entmax_recipes import pipeline
+    from examples.pipeline import checkpoints
     from fairseq_entmax.checkpoint_safety import UnsafeCheckpointError
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
@@ -147,11 +146,11 @@ def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, t
     marker = tmp_path / "payload_ran"
     checkpoint = write_payload_checkpoint(model.checkpoint, tmp_path / "checkpoint2.pt", marker)
     with pytest.raises(UnsafeCheckpointError, match=f"Refusing to load checkpoint {checkpoint}: it contains"):
-        pipeline.average_checkpoints([model.checkpoint, checkpoint], tmp_path / "avg.pt")
+        checkpoints.average_checkpoints([model.checkpoint, checkpoint], tmp_path / "avg.pt")
     assert not marker.exists(), "the payload ran"
     assert not (tmp_path / "avg.pt").exists()
     # an averaging of sound checkpoints still works through the safe load
-    pipeline.average_checkpoints([model.checkpoint, model.checkpoint], tmp_path / "avg.pt")
+    checkpoints.average_checkpoints([model.checkpoint, model.checkpoint], tmp_path / "avg.pt")
     assert (tmp_path / "avg.pt").exists()
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     assert_payload_is_live(checkpoint, marker)

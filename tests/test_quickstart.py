@@ -13,22 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from examples.quickstart.toy_language import ToyLanguagePair, write_toy_corpus
 from fairseq_entmax.modules import ATTENTION_TYPES
 from helpers import run, write_tiny_corpus
 
 REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "examples" / "quickstart" / "quickstart.py"
+# As `make demo` runs it, from the repository root (cwd=REPO).
+QUICKSTART = (sys.executable, "-m", "examples.quickstart.quickstart")
 VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
-
-sys.path.insert(0, str(QUICKSTART.parent))
-from toy_language import ToyLanguagePair, write_toy_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):
     """One --tiny quickstart run with all four variants (module-scoped: about a minute)."""
     work = tmp_path_factory.mktemp("quickstart") / "work"
-    proc = run([sys.executable, QUICKSTART, "--tiny", "--work-dir", work], timeout=900)
+    proc = run([*QUICKSTART, "--tiny", "--work-dir", work], timeout=900, cwd=REPO)
     return work, proc.stdout + proc.stderr
 
 
@@ -106,8 +105,8 @@ def test_quickstart_rejects_bad_corpus_before_training(tmp_path, case):
         tgt = "xx"
         expected = "train.xx"
     work = tmp_path / "work"
-    proc = run([sys.executable, QUICKSTART, "--data", corpus, "--src", src, "--tgt", tgt, "--work-dir", work],
-               check=False, timeout=120)
+    proc = run([*QUICKSTART, "--data", corpus, "--src", src, "--tgt", tgt, "--work-dir", work],
+               check=False, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -115,9 +114,9 @@ def test_quickstart_rejects_bad_corpus_before_training(tmp_path, case):
 
 
 def test_quickstart_argument_errors():
-    proc = run([sys.executable, QUICKSTART, "--data", "somewhere"], check=False, timeout=60)
+    proc = run([*QUICKSTART, "--data", "somewhere"], check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "--src and --tgt" in proc.stderr
-    proc = run([sys.executable, QUICKSTART, "--data", "x", "--src", "de", "--tgt", "de"], check=False, timeout=60)
+    proc = run([*QUICKSTART, "--data", "x", "--src", "de", "--tgt", "de"], check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "two different languages" in proc.stderr
 
 
@@ -127,13 +126,13 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     instead of starting over; the corpus is Moses-tokenised and tokenized BLEU reported."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
-    command = [sys.executable, QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
+    command = [*QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
                "--models", "softmax", "--max-update", "400", "--work-dir", work]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     # Ctrl-C works as in a terminal even when this suite runs as a background job, whose
     # shell started it with SIGINT ignored (an ignored signal is inherited across exec).
     proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, start_new_session=True,
+                            text=True, env=env, cwd=REPO, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     train_log_path = work / "models" / "softmax-seed1" / "train.log"
     # fairseq logs "Saved checkpoint" once checkpoint_last.pt is completely written.
@@ -147,7 +146,7 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     assert not (work / "models" / "softmax-seed1" / "train.done").exists(), "training finished before the interrupt"
     data_bin_stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
 
-    resumed = run(command, timeout=900)
+    resumed = run(command, timeout=900, cwd=REPO)
     assert "resuming from" in resumed.stdout
     train_log = (work / "models" / "softmax-seed1" / "train.log").read_text()
     second_run = train_log[train_log.rindex("$ "):]

@@ -6,7 +6,6 @@ alignment, the right member read, metadata dropped, Romanian normalised as in th
 systems)."""
 import io
 import re
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -14,10 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from examples.pipeline.corpus import check_parallel_corpus, read_lines
+from examples.pipeline.tools import PipelineError
+from examples.translation import corpora
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "examples" / "translation"))
-import corpora  # noqa: E402
-from entmax_recipes.pipeline import PipelineError, check_parallel_corpus, read_lines  # noqa: E402
 
 # Romanian letters with diacritics in both the cedilla (legacy) and comma-below forms.
 ROMANIAN_DIACRITICS = "ŞşŢţȘșȚțĂăÂâÎî"

@@ -10,15 +10,25 @@ from pathlib import Path
 import pytest
 import torch
 
+from examples.pipeline import (
+    attention_analysis,
+    checkpoints,
+    corpus,
+    dataset,
+    evaluation,
+    tokenization,
+    tools,
+    training,
+)
+from examples.translation import tasks
 from helpers import run
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "examples" / "translation" / "recipe.py"
+# As the docs run it, from the repository root (cwd=REPO).
+RECIPE = (sys.executable, "-m", "examples.translation.recipe")
 SHARED_DATA = REPO.parent / "shared" / "data"
 VARIANTS = ("softmax", "entmax15", "alpha_entmax")  # the paper's Table 1, trained by default
 
-sys.path.insert(0, str(REPO / "examples"))
-from entmax_recipes import pipeline  # noqa: E402
 
 needs_shared_data = pytest.mark.requires(
     (SHARED_DATA / "iwslt16_de_en_sample" / "train.de").exists(),
@@ -29,7 +39,7 @@ needs_shared_data = pytest.mark.requires(
 @pytest.fixture(scope="module")
 def iwslt_smoke(tmp_path_factory):
     work = tmp_path_factory.mktemp("iwslt17_smoke") / "work"
-    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--average-last", "2"], timeout=1200)
+    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--average-last", "2"], timeout=1200, cwd=REPO)
     return work, proc.stdout + proc.stderr
 
 
@@ -42,7 +52,7 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
     assert set(best) == set(averaged) == set(VARIANTS)
     # The smoke test set is the first 200 lines of TED tst2014.
     references = (SHARED_DATA / "iwslt16_de_en_sample" / "test.en").read_text(encoding="utf-8").split("\n")[:200]
-    assert pipeline.read_lines(work / "raw" / "test.en") == [r.strip() for r in references]
+    assert corpus.read_lines(work / "raw" / "test.en") == [r.strip() for r in references]
     for variant, row in best.items():
         # The checkpoint of the best validation accuracy, as the paper selects models.
         assert Path(row["checkpoint"]).name == "checkpoint_best.pt" and Path(row["checkpoint"]).exists()
@@ -50,7 +60,7 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
                                                 (work / "models" / f"{variant}-seed1" / "train.log").read_text())]
         saved = torch.load(row["checkpoint"], map_location="cpu", weights_only=False)["extra_state"]
         assert len(logged) >= 2 and saved["best"] == pytest.approx(max(logged), abs=1e-3)
-        hypotheses = pipeline.read_lines(work / "eval" / f"{variant}-seed1-best" / "test.hyp")
+        hypotheses = corpus.read_lines(work / "eval" / f"{variant}-seed1-best" / "test.hyp")
         assert len(hypotheses) == 200
         assert "tok:none" in row["bleu_tok_signature"] and "tok:13a" in row["bleu_signature"]
         assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["bleu"] <= 100 and 0 <= row["chrf"] <= 100
@@ -58,7 +68,7 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
         assert set(row["density"]) == {"encoder_self", "decoder_self", "cross"}
         # The average of the last 2 checkpoints is an option, evaluated and reported apart.
         assert Path(averaged[variant]["checkpoint"]).name == "checkpoint_avg2.pt"
-        assert len(pipeline.read_lines(work / "eval" / f"{variant}-seed1-average" / "test.hyp")) == 200
+        assert len(corpus.read_lines(work / "eval" / f"{variant}-seed1-average" / "test.hyp")) == 200
     assert "Average of the last 2 checkpoints" in output and "| softmax (avg 2) " in output
     # Joint BPE: one codes file, one joined dictionary for both languages.
     assert (work / "bpe" / "codes").exists()
@@ -70,7 +80,7 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
 def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     work, _ = iwslt_smoke
     stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
-    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work], timeout=600)
+    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work], timeout=600, cwd=REPO)
     for variant in VARIANTS:
         assert f"{variant} [" in proc.stdout and "already trained" in proc.stdout
     assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
@@ -82,8 +92,8 @@ def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
     """The models in the work dir were trained for 200 updates: a run asking for 7 stops
     with the reason instead of reporting them as 7-update models."""
     work, _ = iwslt_smoke
-    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--max-update", "7"],
-               check=False, timeout=600)
+    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--max-update", "7"],
+               check=False, timeout=600, cwd=REPO)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "max_update: 200 then, 7 now" in proc.stderr and "another --work-dir" in proc.stderr
     assert "training (" not in proc.stdout and "Traceback" not in proc.stderr
@@ -94,8 +104,8 @@ def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
     """The work dir's corpus came from the shared data: a run pointed at other data stops
     instead of training on the old corpus."""
     work, _ = iwslt_smoke
-    proc = run([sys.executable, RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--shared-data", tmp_path],
-               check=False, timeout=600)
+    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--shared-data", tmp_path],
+               check=False, timeout=600, cwd=REPO)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{tmp_path}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -123,26 +133,26 @@ def test_recipe_rejects_bad_corpus_before_long_work(tmp_path, case):
         expected = "empty"
     work = tmp_path / "work"
     # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
-    proc = run([sys.executable, RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False,
-               timeout=120)
+    proc = run([*RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False,
+               timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert expected in proc.stderr and "Traceback" not in proc.stderr
     assert not (work / "tok").exists() and not (work / "data-bin").exists()
 
 
 def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
-    proc = run([sys.executable, RECIPE, "wmt16", "--src", "fr", "--tgt", "en", "--work-dir", tmp_path / "w"],
-               check=False, timeout=60)
+    proc = run([*RECIPE, "wmt16", "--src", "fr", "--tgt", "en", "--work-dir", tmp_path / "w"],
+               check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert "unknown language pair fr-en" in proc.stderr and "--src ro --tgt en" in proc.stderr
     assert not (tmp_path / "w").exists()
-    proc = run([sys.executable, RECIPE, "iwslt14"], check=False, timeout=60)
+    proc = run([*RECIPE, "iwslt14"], check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "invalid choice: 'iwslt14'" in proc.stderr
 
 
 def test_recipe_reports_missing_smoke_data(tmp_path):
-    proc = run([sys.executable, RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere",
-                "--work-dir", tmp_path / "w"], check=False, timeout=60)
+    proc = run([*RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere",
+                "--work-dir", tmp_path / "w"], check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "smoke data" in proc.stderr and "nowhere" in proc.stderr
 
 
@@ -159,7 +169,7 @@ def test_average_checkpoints_is_the_mean_of_the_parameters(tmp_path):
         paths.append(path)
         params.append(model)
     out = tmp_path / "avg.pt"
-    pipeline.average_checkpoints(paths, out)
+    checkpoints.average_checkpoints(paths, out)
     averaged = torch.load(out, weights_only=False)
     for key in ("w", "b"):
         torch.testing.assert_close(averaged["model"][key], torch.stack([p[key] for p in params]).mean(0))
@@ -171,10 +181,10 @@ def test_last_checkpoints_include_the_final_state_after_the_last_epoch_checkpoin
     for name, updates in (("checkpoint1.pt", 77), ("checkpoint2.pt", 154), ("checkpoint3.pt", 231),
                           ("checkpoint_last.pt", 260)):
         torch.save({"model": {}, "optimizer_history": [{"num_updates": updates}]}, tmp_path / name)
-    assert [p.name for p in pipeline.last_checkpoints(tmp_path, 3)] == ["checkpoint2.pt", "checkpoint3.pt",
+    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == ["checkpoint2.pt", "checkpoint3.pt",
                                                                          "checkpoint_last.pt"]
     torch.save({"model": {}, "optimizer_history": [{"num_updates": 231}]}, tmp_path / "checkpoint_last.pt")
-    assert [p.name for p in pipeline.last_checkpoints(tmp_path, 3)] == ["checkpoint1.pt", "checkpoint2.pt",
+    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == ["checkpoint1.pt", "checkpoint2.pt",
                                                                          "checkpoint3.pt"]
 
 
@@ -183,7 +193,7 @@ def test_pipeline_names_the_attention_types_of_the_fairseq_layer():
     and log lines are keyed by these names."""
     from fairseq_entmax.modules import ATTENTION_TYPES
 
-    assert pipeline.ATTENTION_TYPES == ATTENTION_TYPES
+    assert training.ATTENTION_TYPES == ATTENTION_TYPES
 
 
 @pytest.mark.parametrize("lang", ["ja", "zh"])
@@ -197,22 +207,22 @@ def test_bleu_of_a_character_segmented_target_is_not_zero(tmp_path, lang):
     def tokenized(lines, name):
         raw = tmp_path / f"{name}.txt"
         raw.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        pipeline.tokenize_file(raw, tmp_path / f"{name}.tok", lang)
-        return pipeline.read_lines(tmp_path / f"{name}.tok")
+        tokenization.tokenize_file(raw, tmp_path / f"{name}.tok", lang)
+        return corpus.read_lines(tmp_path / f"{name}.tok")
 
     references_tok, hypotheses_tok = tokenized(references, "ref"), tokenized(hypotheses, "hyp")
-    perfect = pipeline.score(references_tok, references_tok, references, lang)
+    perfect = evaluation.score(references_tok, references_tok, references, lang)
     assert perfect["bleu"] == 100.0 and perfect["bleu_tok"] == 100.0
-    one_wrong = pipeline.score(hypotheses_tok, references_tok, references, lang)
+    one_wrong = evaluation.score(hypotheses_tok, references_tok, references, lang)
     assert 40.0 < one_wrong["bleu"] < 100.0
-    assert f"tok:{pipeline.SACREBLEU_TOKENIZER[lang]}" in one_wrong["bleu_signature"]
+    assert f"tok:{tokenization.SACREBLEU_TOKENIZER[lang]}" in one_wrong["bleu_signature"]
 
 
 def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
     path = tmp_path / "text"
     path.write_text("eins\u2028zwei\nline two\r\n", encoding="utf-8")
-    assert pipeline.read_lines(path) == ["eins\u2028zwei", "line two "]
-    assert pipeline.count_lines(path) == 2
+    assert corpus.read_lines(path) == ["eins\u2028zwei", "line two "]
+    assert corpus.count_lines(path) == 2
 
 
 def test_checkpoint_last_cut_short_by_an_interrupt_is_replaced_by_the_newest_complete_one(tmp_path):
@@ -221,7 +231,7 @@ def test_checkpoint_last_cut_short_by_an_interrupt_is_replaced_by_the_newest_com
     complete = (tmp_path / "checkpoint2.pt").read_bytes()
     (tmp_path / "checkpoint_last.pt").write_bytes(complete[: len(complete) // 2])
 
-    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+    training._repair_interrupted_checkpoint_last(tmp_path, "model")
 
     assert torch.load(tmp_path / "checkpoint_last.pt")["num_updates"] == 20
 
@@ -231,7 +241,7 @@ def test_checkpoint_last_cut_short_with_nothing_complete_is_removed(tmp_path):
     complete = (tmp_path / "checkpoint_last.pt").read_bytes()
     (tmp_path / "checkpoint_last.pt").write_bytes(complete[:-30])
 
-    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+    training._repair_interrupted_checkpoint_last(tmp_path, "model")
 
     assert not (tmp_path / "checkpoint_last.pt").exists()
 
@@ -241,13 +251,13 @@ def test_complete_checkpoint_last_is_left_alone(tmp_path):
     torch.save({"num_updates": 20}, tmp_path / "checkpoint2.pt")
     before = (tmp_path / "checkpoint_last.pt").read_bytes()
 
-    pipeline._repair_interrupted_checkpoint_last(tmp_path, "model")
+    training._repair_interrupted_checkpoint_last(tmp_path, "model")
 
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == before
 
 
 def _fake_tool_run(calls, write_output):
-    """A stand-in for pipeline.run_logged that records each command and writes its output."""
+    """A stand-in for tools.run_logged that records each command and writes its output."""
     def run_logged(args, log_path, **kwargs):
         calls.append(args)
         write_output(args, len(calls))
@@ -260,16 +270,16 @@ def test_translations_of_a_changed_checkpoint_are_made_again(tmp_path, monkeypat
         (results / "generate-test.txt").write_text(f"H-0\t-0.1\ttranslation {count}\n")
 
     calls = []
-    monkeypatch.setattr(pipeline, "run_logged", _fake_tool_run(calls, write_output))
+    monkeypatch.setattr(evaluation, "run_logged", _fake_tool_run(calls, write_output))
     checkpoint = tmp_path / "checkpoint_last.pt"
     checkpoint.write_bytes(b"the first model")
     out = tmp_path / "eval"
-    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
-    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
+    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
+    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
     assert len(calls) == 1, "the finished translation was not reused"
     checkpoint.write_bytes(b"a model trained again")  # e.g. its folder deleted and retrained
-    assert pipeline.generate("data-bin", checkpoint, "test", out) == ["translation 2"]
-    assert pipeline.generate("data-bin", checkpoint, "test", out, beam=2) == ["translation 3"]
+    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 2"]
+    assert evaluation.generate("data-bin", checkpoint, "test", out, beam=2) == ["translation 3"]
 
 
 def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch):
@@ -283,15 +293,15 @@ def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch)
         (out / "analysis.json").write_text(json.dumps({"models": models}))
 
     calls = []
-    monkeypatch.setattr(pipeline, "run_logged", _fake_tool_run(calls, write_output))
+    monkeypatch.setattr(attention_analysis, "run_logged", _fake_tool_run(calls, write_output))
     seed1, seed2 = tmp_path / "softmax-seed1.pt", tmp_path / "softmax-seed2.pt"
     seed1.write_bytes(b"seed 1")
     seed2.write_bytes(b"seed 2")
     out = tmp_path / "analysis"
-    first = pipeline.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
-    again = pipeline.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
+    first = attention_analysis.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
+    again = attention_analysis.analyze("data-bin", {"softmax": seed1}, "test", out, tmp_path / "analysis.log")
     assert first == again and len(calls) == 1
-    other = pipeline.analyze("data-bin", {"softmax": seed2}, "test", out, tmp_path / "analysis.log")
+    other = attention_analysis.analyze("data-bin", {"softmax": seed2}, "test", out, tmp_path / "analysis.log")
     assert len(calls) == 2 and other["softmax"]["density"]["cross"] == pytest.approx(0.2)
 
 
@@ -302,7 +312,7 @@ def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
     data_bin = tmp_path / "data-bin"
     data_bin.mkdir()
     (data_bin / "dict.de.txt").write_text("ein 1\n")
-    pipeline.binarize(text, "de", "en", data_bin, tmp_path / "preprocess.log")
+    dataset.binarize(text, "de", "en", data_bin, tmp_path / "preprocess.log")
     assert (data_bin / "train.de-en.de.bin").exists()
     assert "Satz 2" in (data_bin / "dict.de.txt").read_text()
 
@@ -310,16 +320,13 @@ def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
 def test_a_failing_tool_is_reported_with_its_log_and_exit_status_1(tmp_path, capsys):
     log_path = tmp_path / "tool.log"
     failing_tool = [sys.executable, "-c", "import sys; print('out of memory'); sys.exit(3)"]
-    status = pipeline.run_reporting_errors(lambda args: pipeline.run_logged(failing_tool, log_path), None)
+    status = tools.run_reporting_errors(lambda args: tools.run_logged(failing_tool, log_path), None)
     error = capsys.readouterr().err
     assert status == 1
     assert "failed (exit 3)" in error and "out of memory" in error and str(log_path) in error
 
 
 # --------------------------------------------------------------------------- the settings of record
-
-sys.path.insert(0, str(REPO / "examples" / "translation"))
-import tasks  # noqa: E402
 
 
 def _block(text, start, end):
@@ -335,7 +342,7 @@ def test_docs_show_the_settings_table_and_the_departures_of_the_code():
 
 
 def _dry_run(*options, check=True):
-    proc = run([sys.executable, RECIPE, *options, "--dry-run"], check=check, timeout=120)
+    proc = run([*RECIPE, *options, "--dry-run"], check=check, timeout=120, cwd=REPO)
     return proc
 
 
@@ -396,13 +403,13 @@ def test_dry_run_refuses_a_batch_that_is_not_8192_tokens(tmp_path):
     assert proc.returncode == 2 and "8192 tokens per update" in proc.stderr and "Traceback" not in proc.stderr
     proc = _dry_run("iwslt17", "--max-tokens", "3000", "--work-dir", tmp_path / "w", check=False)
     assert proc.returncode == 2 and "--max-tokens 4096 --update-freq 2" in proc.stderr
-    proc = run([sys.executable, RECIPE, "iwslt17", "--num-gpus", "2"], check=False, timeout=60)
+    proc = run([*RECIPE, "iwslt17", "--num-gpus", "2"], check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "--num-gpus plans a --dry-run" in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_full_recipe_without_cuda_stops_before_any_download(tmp_path):
-    proc = run([sys.executable, RECIPE, "wmt14", "--work-dir", tmp_path / "work"], check=False, timeout=120)
+    proc = run([*RECIPE, "wmt14", "--work-dir", tmp_path / "work"], check=False, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no CUDA device" in proc.stderr and "--cpu" in proc.stderr and "--smoke" in proc.stderr
     assert "Traceback" not in proc.stderr and "downloading" not in proc.stdout
@@ -415,15 +422,15 @@ def test_tokenized_bleu_does_not_split_hyphens():
     n-grams, raising BLEU as compound splitting does."""
     hypotheses_raw = ["this state-of-the-art system is fast ."]
     references_raw = ["this state-of-the-art model is fast ."]
-    pipeline._init_tokenizer("en")
-    hypotheses_tok = [pipeline._tokenize_line(line) for line in hypotheses_raw]
-    references_tok = [pipeline._tokenize_line(line) for line in references_raw]
+    tokenization._init_tokenizer("en")
+    hypotheses_tok = [tokenization._tokenize_line(line) for line in hypotheses_raw]
+    references_tok = [tokenization._tokenize_line(line) for line in references_raw]
     assert "state @-@ of @-@ the @-@ art" in hypotheses_tok[0]
-    assert pipeline.scoring_tokenize(references_raw, "en") == references_raw
-    split = pipeline.score(hypotheses_tok, references_tok, references_raw, "en")
-    unsplit = pipeline.score(hypotheses_tok, references_tok, references_raw, "en", retokenize=True)
+    assert tokenization.scoring_tokenize(references_raw, "en") == references_raw
+    split = evaluation.score(hypotheses_tok, references_tok, references_raw, "en")
+    unsplit = evaluation.score(hypotheses_tok, references_tok, references_raw, "en", retokenize=True)
     assert unsplit["bleu_tok"] < split["bleu_tok"]
-    perfect = pipeline.score(references_tok, references_tok, references_raw, "en", retokenize=True)
+    perfect = evaluation.score(references_tok, references_tok, references_raw, "en", retokenize=True)
     assert perfect["bleu_tok"] == 100.0
 
 
@@ -438,16 +445,16 @@ def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, stem
     above): its shared text prepared, tokenised, BPE'd, binarised, a model trained a few updates,
     the test set translated and scored."""
     work = tmp_path / "work"
-    run([sys.executable, RECIPE, task, "--smoke", "--work-dir", work, "--models", "alpha_entmax",
-         "--max-update", "6", "--skip-analysis"], timeout=900)
+    run([*RECIPE, task, "--smoke", "--work-dir", work, "--models", "alpha_entmax",
+         "--max-update", "6", "--skip-analysis"], timeout=900, cwd=REPO)
     [row] = json.loads((work / "results-seed1.json").read_text())
     assert row["model"] == "alpha_entmax" and row["selection"] == "best"
-    test_lines = pipeline.read_lines(work / "raw" / f"test.{tgt}")
-    assert len(test_lines) == 200 and len(pipeline.read_lines(work / "raw" / f"test.{src}")) == 200
-    assert len(pipeline.read_lines(work / "eval" / "alpha_entmax-seed1-best" / "test.hyp")) == 200
+    test_lines = corpus.read_lines(work / "raw" / f"test.{tgt}")
+    assert len(test_lines) == 200 and len(corpus.read_lines(work / "raw" / f"test.{src}")) == 200
+    assert len(corpus.read_lines(work / "eval" / "alpha_entmax-seed1-best" / "test.hyp")) == 200
     assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["chrf"] <= 100
     assert (work / "data-bin" / f"dict.{src}.txt").read_text() == (work / "data-bin" / f"dict.{tgt}.txt").read_text()
     if task == "wmt16":
         # The Romanian side is normalised as wmt16-scripts do: no diacritics left.
-        romanian = "".join(pipeline.read_lines(work / "raw" / "train.ro"))
+        romanian = "".join(corpus.read_lines(work / "raw" / "train.ro"))
         assert romanian and not set("ăâîșțşţĂÂÎȘȚŞŢ") & set(romanian)

@@ -14,7 +14,8 @@ import pytest
 from helpers import run
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "examples" / "reproduction" / "reduced_scale.py"
+# As the docs run it, from the repository root (cwd=REPO).
+SCRIPT = (sys.executable, "-m", "examples.reproduction.reduced_scale")
 SAMPLE = REPO.parent / "shared" / "data" / "iwslt16_de_en_sample"
 
 needs_shared_data = pytest.mark.requires(
@@ -25,10 +26,10 @@ needs_shared_data = pytest.mark.requires(
 @pytest.fixture(scope="module")
 def tiny_reproduction(tmp_path_factory):
     work = tmp_path_factory.mktemp("reproduction") / "work"
-    command = [sys.executable, SCRIPT, "--budget", "tiny", "--models", "softmax", "topk", "--seeds", "1", "2",
+    command = [*SCRIPT, "--budget", "tiny", "--models", "softmax", "topk", "--seeds", "1", "2",
                "--max-update", "8", "--work-dir", work]
-    first = run(command, timeout=900)
-    again = run(command, timeout=600)
+    first = run(command, timeout=900, cwd=REPO)
+    again = run(command, timeout=600, cwd=REPO)
     return work, first.stdout, again.stdout
 
 
@@ -100,8 +101,8 @@ def test_the_patience_stops_a_training_that_no_longer_improves(tmp_path):
     """With a learning rate of ~0 the validation accuracy cannot improve: with a patience of 1
     epoch, training stops at the second validation, long before the update cap."""
     work = tmp_path / "work"
-    run([sys.executable, SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1", "--max-update", "400",
-         "--patience", "1", "--lr", "1e-12", "--work-dir", work], timeout=900)
+    run([*SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1", "--max-update", "400",
+         "--patience", "1", "--lr", "1e-12", "--work-dir", work], timeout=900, cwd=REPO)
     [row] = json.loads((work / "results.json").read_text())["runs"]
     log = (work / "models" / "softmax-seed1" / "train.log").read_text()
     assert "early stop since valid performance hasn't improved for last 1 runs" in log
@@ -127,9 +128,9 @@ def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
         for lang in ("de", "en"):
             (other / f"{split}.{lang}").write_text("ein Satz .\nnoch einer .\n", encoding="utf-8")
     before = (work / "raw" / "train.de").read_text(encoding="utf-8")
-    command = [sys.executable, SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1",
+    command = [*SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1",
                "--max-update", "8", "--work-dir", work, "--data", other]
-    proc = run(command, check=False, timeout=300)
+    proc = run(command, check=False, timeout=300, cwd=REPO)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{other}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
     assert (work / "raw" / "train.de").read_text(encoding="utf-8") == before
@@ -137,8 +138,8 @@ def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
 
 def test_missing_data_is_reported_before_any_work(tmp_path):
     (tmp_path / "data").mkdir()
-    proc = run([sys.executable, SCRIPT, "--data", tmp_path / "data", "--work-dir", tmp_path / "work"],
-               check=False, timeout=60)
+    proc = run([*SCRIPT, "--data", tmp_path / "data", "--work-dir", tmp_path / "work"],
+               check=False, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert str(tmp_path / "data" / "train.de") in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "work").exists()

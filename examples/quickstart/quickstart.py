@@ -1,8 +1,8 @@
 """Quickstart (`make demo`): softmax, 1.5-entmax, learned alpha-entmax and top-k attention,
 trained and compared end to end with fairseq on a toy language pair, on a CPU in minutes.
 
-    .venv/bin/python examples/quickstart/quickstart.py                  # the toy pair, ~5 min on 2 cores
-    .venv/bin/python examples/quickstart/quickstart.py --data DIR --src de --tgt en   # your corpus
+    .venv/bin/python -m examples.quickstart.quickstart                  # the toy pair, ~5 min on 2 cores
+    .venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en   # your corpus
 
 Stages: corpus (generated, or yours: DIR/{train,valid,test}.{src,tgt}, raw text, one sentence
 per line) -> Moses tokenisation (your corpus only) -> joint BPE (subword-nmt) ->
@@ -17,13 +17,17 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(EXAMPLES))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from examples.pipeline.attention_analysis import analyze
+from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from examples.pipeline.dataset import build_dataset
+from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.markers import is_done, mark_done
+from examples.pipeline.tables import format_seconds, format_table
+from examples.pipeline.tools import log, run_reporting_errors
+from examples.pipeline.training import VARIANTS, TrainSettings
+from examples.quickstart.toy_language import write_toy_corpus
 
-from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import TrainSettings, log  # noqa: E402
-from toy_language import write_toy_corpus  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 # Sizes chosen so the whole demo fits in 10 minutes on 2 CPU cores (measured: 4m50s) and
 # every model reaches BLEU ~80 on the toy pair (docs/recipes.md); --tiny is the test
@@ -44,7 +48,7 @@ def parse_args(argv=None):
     parser.add_argument("--tgt", help="target language code (file suffix), with --data")
     parser.add_argument("--work-dir", type=Path, help="where everything is written (default: runs/quickstart, or "
                         "runs/quickstart-<data folder name>-<src>-<tgt> for your corpus; -tiny added with --tiny)")
-    parser.add_argument("--models", nargs="+", default=list(pipeline.VARIANTS), choices=pipeline.VARIANTS,
+    parser.add_argument("--models", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="attention variants to train (default: all four)")
     parser.add_argument("--max-update", type=int, help="training updates per model (default: %d)" % SIZES["demo"]["max_update"])
     parser.add_argument("--bpe-merges", type=int, help="BPE merge operations")
@@ -62,7 +66,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return pipeline.run_reporting_errors(run, parse_args(argv))
+    return run_reporting_errors(run, parse_args(argv))
 
 
 def run(args):
@@ -74,7 +78,7 @@ def run(args):
     own_corpus = args.data is not None
     # One default folder per corpus, direction and size: a run never finds another's models.
     name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
-    work = (args.work_dir or EXAMPLES.parent / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
+    work = (args.work_dir or REPO / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
     started = time.time()
 
     # 1. Corpus, checked before anything long starts.
@@ -82,20 +86,20 @@ def run(args):
         raw_dir, src, tgt = args.data, args.src, args.tgt
     else:
         raw_dir = work / "raw"
-        if not pipeline.is_done(raw_dir / "corpus.done"):
+        if not is_done(raw_dir / "corpus.done"):
             log(f"writing the toy corpus to {raw_dir}")
             n_eval = size["n_eval"]
             write_toy_corpus(raw_dir, n_train=size["n_train"], n_valid=n_eval, n_test=n_eval)
-            pipeline.mark_done(raw_dir / "corpus.done")
+            mark_done(raw_dir / "corpus.done")
         src, tgt = "svo", "sov"
-    files = {split: (raw_dir / f"{split}.{src}", raw_dir / f"{split}.{tgt}") for split in pipeline.SPLITS}
-    counts = pipeline.check_parallel_corpus(files)
+    files = {split: (raw_dir / f"{split}.{src}", raw_dir / f"{split}.{tgt}") for split in SPLITS}
+    counts = check_parallel_corpus(files)
     log(f"corpus {raw_dir} {src}->{tgt}: " + ", ".join(f"{s} {n} lines" for s, n in counts.items()))
     work.mkdir(parents=True, exist_ok=True)
 
     # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
     # fairseq-preprocess.
-    text_dir, data_bin = pipeline.build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
+    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
                                                 tokenize=own_corpus, clean=None)
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
@@ -112,22 +116,22 @@ def run(args):
         ],
         extra_args=["--no-epoch-checkpoints"],
     )
-    references_tok = pipeline.read_lines(text_dir / f"test.{tgt}")
-    references_raw = pipeline.read_lines(files["test"][1])
+    references_tok = read_lines(text_dir / f"test.{tgt}")
+    references_raw = read_lines(files["test"][1])
     rows = []
     for i, variant in enumerate(args.models, 1):
-        rows.append(pipeline.train_and_evaluate(
+        rows.append(train_and_evaluate(
             data_bin, work, variant, 1, settings, references_tok, references_raw, tgt,
             label=f"{variant} [{i}/{len(args.models)}]", max_len=(1.5, 10), tokenized_bleu=own_corpus,
             threads=args.threads))
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
-    analysis = pipeline.analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log")
+    analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log")
 
     for row in rows:
         row.update((analysis or {}).get(row["model"], {}))
-    table = pipeline.format_table(rows, bleu_tok=own_corpus)
+    table = format_table(rows, bleu_tok=own_corpus)
     signatures = (f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}")
     notes = (f"Test set: {counts['test']} sentences of {raw_dir} ({src}->{tgt}); density = mean fraction of "
              "keys with nonzero weight; alpha = per-head alpha (1 softmax, 1.5 entmax15, learned for alpha_entmax).")
@@ -140,7 +144,7 @@ def run(args):
     print(notes)
     if analysis is not None:
         print(f"Figures and CSV tables: {work / 'analysis'}")
-    print(f"Everything is in {work} (results.md, results.json); total time {pipeline.format_seconds(time.time() - started)}")
+    print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
 
 
 if __name__ == "__main__":

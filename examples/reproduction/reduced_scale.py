@@ -6,9 +6,9 @@ schedule, several seeds each, then evaluated on the test set: tokenized BLEU, sa
 paired bootstrap resampling against softmax, training time, validation learning curves,
 attention density, head diversity and learned alphas. See docs/reproduction.md.
 
-    .venv/bin/python examples/reproduction/reduced_scale.py                   # converged: Multi30k de-en, trained until validation accuracy stops improving
-    .venv/bin/python examples/reproduction/reduced_scale.py --budget early    # the early-training point: TED sample, 1600 updates
-    .venv/bin/python examples/reproduction/reduced_scale.py --budget tiny     # every stage in minutes
+    .venv/bin/python -m examples.reproduction.reduced_scale                   # converged: Multi30k de-en, trained until validation accuracy stops improving
+    .venv/bin/python -m examples.reproduction.reduced_scale --budget early    # the early-training point: TED sample, 1600 updates
+    .venv/bin/python -m examples.reproduction.reduced_scale --budget tiny     # every stage in minutes
 
 Resumable: rerun the same command after an interruption; finished models are not retrained.
 """
@@ -21,12 +21,17 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1]
-REPO = EXAMPLES.parent
-sys.path.insert(0, str(EXAMPLES))
+from examples.pipeline.attention_analysis import analyze
+from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from examples.pipeline.dataset import build_dataset
+from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.markers import done_with, mark_done
+from examples.pipeline.tables import format_seconds, format_table
+from examples.pipeline.tokenization import detokenize_lines
+from examples.pipeline.tools import log, run_reporting_errors
+from examples.pipeline.training import VARIANTS, TrainSettings
 
-from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import TrainSettings, log  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 SRC, TGT = "de", "en"
@@ -75,7 +80,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="converged")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per variant (default: 1 2 3)")
-    parser.add_argument("--models", nargs="+", default=list(PAPER_VARIANTS), choices=pipeline.VARIANTS,
+    parser.add_argument("--models", nargs="+", default=list(PAPER_VARIANTS), choices=VARIANTS,
                         help="attention variants (default: the paper's three; add topk for k = 8)")
     parser.add_argument("--data", type=Path, help="a folder with train/valid/test.{de,en} (default: the budget's "
                         "corpus in ../shared/data: multi30k for converged, iwslt16_de_en_sample otherwise)")
@@ -92,11 +97,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return pipeline.run_reporting_errors(run, parse_args(argv))
+    return run_reporting_errors(run, parse_args(argv))
 
 
 def _take_lines(in_path, out_path, n):
-    lines = pipeline.read_lines(in_path)
+    lines = read_lines(in_path)
     Path(out_path).write_text("\n".join(lines[:n] if n else lines) + "\n", encoding="utf-8")
 
 
@@ -121,30 +126,30 @@ def run(args):
             budget[option] = getattr(args, option)
     work = (args.work_dir or REPO / "runs" / f"reproduction-{args.budget}").resolve()
     started = time.time()
-    files = {s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in pipeline.SPLITS}
-    pipeline.check_parallel_corpus(files)
+    files = {s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in SPLITS}
+    check_parallel_corpus(files)
 
     raw_dir = work / "raw"
     limits = {"train": budget["train_lines"], "valid": budget["test_lines"], "test": budget["test_lines"]}
     # A corpus prepared from other data or with other limits is refused, not reused.
     prepared_from = {"data": str(args.data.resolve()), "lines": limits}
-    if not pipeline.done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
+    if not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         raw_dir.mkdir(parents=True, exist_ok=True)
         for split, pair in files.items():
             for lang, path in zip((SRC, TGT), pair):
                 _take_lines(path, raw_dir / f"{split}.{lang}", limits[split])
-        pipeline.mark_done(raw_dir / "prepare.done", settings=prepared_from)
-    counts = pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in pipeline.SPLITS})
+        mark_done(raw_dir / "prepare.done", settings=prepared_from)
+    counts = check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in SPLITS})
     log(f"{args.data.name} ({args.budget} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
-    text_dir, data_bin = pipeline.build_dataset(raw_dir, SRC, TGT, work, budget["bpe_merges"])
+    text_dir, data_bin = build_dataset(raw_dir, SRC, TGT, work, budget["bpe_merges"])
     settings = budget_settings(budget)
-    references_tok = pipeline.read_lines(text_dir / f"test.{TGT}")
-    references_raw = pipeline.read_lines(raw_dir / f"test.{TGT}")
+    references_tok = read_lines(text_dir / f"test.{TGT}")
+    references_raw = read_lines(raw_dir / f"test.{TGT}")
     runs = [(variant, seed) for seed in args.seeds for variant in args.models]
     rows = []
     for i, (variant, seed) in enumerate(runs, 1):
-        row = pipeline.train_and_evaluate(
+        row = train_and_evaluate(
             data_bin, work, variant, seed, settings, references_tok, references_raw, TGT,
             label=f"{variant} seed {seed} [{i}/{len(runs)}]", select=budget["select"], threads=args.threads,
             lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"], retokenize=budget["retokenize"])
@@ -152,7 +157,7 @@ def run(args):
         rows.append(row)
 
     names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
-    analysis = pipeline.analyze(data_bin, {name: r["checkpoint"] for name, r in names.items()},
+    analysis = analyze(data_bin, {name: r["checkpoint"] for name, r in names.items()},
                                 budget.get("analysis_subset", "valid"), work / "analysis", work / "analysis.log",
                                 num_sentences=budget["analysis_sentences"])
     for name, row in names.items():
@@ -168,7 +173,7 @@ def run(args):
     (work / "results.md").write_text(report + "\n")
     print()
     print(report)
-    print(f"\nresults: {work / 'results.md'}; total time {pipeline.format_seconds(time.time() - started)}")
+    print(f"\nresults: {work / 'results.md'}; total time {format_seconds(time.time() - started)}")
 
 
 def _quiet_libraries():
@@ -211,8 +216,8 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
 
     by_seed = {}
     for row in rows:
-        hypotheses = pipeline.read_lines(Path(row["hypotheses"]))
-        by_seed.setdefault(row["seed"], {})[row["model"]] = pipeline.detokenize_lines(hypotheses, TGT)
+        hypotheses = read_lines(Path(row["hypotheses"]))
+        by_seed.setdefault(row["seed"], {})[row["model"]] = detokenize_lines(hypotheses, TGT)
     results = []
     for seed, systems in sorted(by_seed.items()):
         if "softmax" not in systems or len(systems) < 2:
@@ -266,7 +271,7 @@ def summarize(rows, args, counts, budget, significance, figure):
             f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
             f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
             f"| {_mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
-            f"| {pipeline.format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |")
+            f"| {format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |")
     lines += ["", "valid ppl / accuracy: at the validation of the best accuracy (the evaluated checkpoint when the "
               "selection is the best one); updates: trained in all; stopped by: the patience or the update cap."]
     if significance:
@@ -276,7 +281,7 @@ def summarize(rows, args, counts, budget, significance, figure):
         lines += [f"| {r['seed']} | {r['model']} | {r['bleu']:.2f} | {r['bleu_baseline']:.2f} | {r['bleu_p']:.4f} "
                   f"| {r['chrf']:.2f} | {r['chrf_baseline']:.2f} | {r['chrf_p']:.4f} |" for r in significance]
     lines += ["", "Per run (density: mean fraction of keys with nonzero weight; alpha: mean (min-max) over heads):", "",
-              pipeline.format_table([dict(r, model=f"{r['model']} seed {r['seed']}") for r in rows], bleu_tok=True), "",
+              format_table([dict(r, model=f"{r['model']} seed {r['seed']}") for r in rows], bleu_tok=True), "",
               f"tok BLEU: {rows[0]['bleu_tok_signature']} (multi-bleu on Moses-tokenised text"
               + (", without hyphen splitting)" if budget["retokenize"] else ", hyphens split as in training)"),
               f"sacreBLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]

@@ -8,7 +8,6 @@ fetches the official files. `write_smoke_data` copies the smoke mode's real text
 """
 import re
 import shutil
-import sys
 import tarfile
 import unicodedata
 import urllib.error
@@ -17,8 +16,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from entmax_recipes.pipeline import PipelineError, log  # noqa: E402
+from examples.pipeline.tools import PipelineError, log
 
 # Tasks whose prepared train/valid/test text is already tokenised by the corpus' authors (KFTT's
 # data/tok: Japanese segmented with KyTea, English tokenised too): the recipe must not tokenise

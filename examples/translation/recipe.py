@@ -3,11 +3,11 @@ softmax, 1.5-entmax and learned alpha-entmax attention (top-k, k = 8, on request
 Transformer base, with the settings of the paper and the authors' code (tasks.py has the table,
 each value with its source; docs/recipes.md shows it).
 
-    .venv/bin/python examples/translation/recipe.py iwslt17 --dry-run   # every command, nothing run
-    .venv/bin/python examples/translation/recipe.py iwslt17              # IWSLT17 de-en on the GPUs it sees
-    .venv/bin/python examples/translation/recipe.py kftt --raw-dir DIR   # KFTT ja-en from your files
-    .venv/bin/python examples/translation/recipe.py wmt16 --smoke        # tiny end-to-end check on a CPU
-    .venv/bin/python examples/translation/recipe.py wmt14 --models alpha_entmax --seed 2
+    .venv/bin/python -m examples.translation.recipe iwslt17 --dry-run   # every command, nothing run
+    .venv/bin/python -m examples.translation.recipe iwslt17              # IWSLT17 de-en on the GPUs it sees
+    .venv/bin/python -m examples.translation.recipe kftt --raw-dir DIR   # KFTT ja-en from your files
+    .venv/bin/python -m examples.translation.recipe wmt16 --smoke        # tiny end-to-end check on a CPU
+    .venv/bin/python -m examples.translation.recipe wmt14 --models alpha_entmax --seed 2
 
 Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   prepare   official data -> plain text train/valid/test.{src,tgt} (download, or --raw-dir DIR
@@ -30,19 +30,29 @@ import sys
 import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[1]
-REPO = EXAMPLES.parent
-sys.path.insert(0, str(EXAMPLES))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from entmax_recipes import pipeline  # noqa: E402
-from entmax_recipes.pipeline import PipelineError, log  # noqa: E402
-from corpora import download, write_smoke_data  # noqa: E402
-from tasks import (  # noqa: E402
-    DATA, DECODING, SMOKE_BPE_MERGES, SMOKE_TRAIN, TABLE1_VARIANTS, TASKS, batch_shape, tokenized_bleu_note,
+from examples.pipeline.attention_analysis import analyze, analyze_command
+from examples.pipeline.bpe import apply_bpe_command, learn_bpe_command
+from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from examples.pipeline.dataset import build_dataset, preprocess_command
+from examples.pipeline.evaluation import generate_command, train_and_evaluate
+from examples.pipeline.markers import done_with, mark_done
+from examples.pipeline.tables import format_seconds, format_table
+from examples.pipeline.tools import PipelineError, log, run_reporting_errors
+from examples.pipeline.training import VARIANTS, train_command
+from examples.translation.corpora import download, write_smoke_data
+from examples.translation.tasks import (
+    DATA,
+    DECODING,
+    SMOKE_BPE_MERGES,
+    SMOKE_TRAIN,
+    TABLE1_VARIANTS,
+    TASKS,
+    batch_shape,
+    tokenized_bleu_note,
     train_settings,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
 
 
@@ -65,7 +75,7 @@ def parse_args(argv=None):
     parser.add_argument("--shared-data", type=Path, default=DEFAULT_SHARED_DATA,
                         help="the project's shared data folder, for --smoke (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="where everything goes (default: runs/<task>-<src>-<tgt>[-smoke])")
-    parser.add_argument("--models", nargs="+", default=list(TABLE1_VARIANTS), choices=pipeline.VARIANTS,
+    parser.add_argument("--models", nargs="+", default=list(TABLE1_VARIANTS), choices=VARIANTS,
                         help="attention variants (default: the paper's Table 1: softmax entmax15 alpha_entmax)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-update", type=int, help="cap on the training updates (default: per task)")
@@ -98,7 +108,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return pipeline.run_reporting_errors(run, parse_args(argv))
+    return run_reporting_errors(run, parse_args(argv))
 
 
 def devices(args):
@@ -184,39 +194,39 @@ def dry_run(args, settings, num_gpus):
         lines.append(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})")
     if layout.tokenize:
         lines.append(f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
-                     f" -> {layout.text} (pipeline.tokenize_file)")
+                     f" -> {layout.text} (tokenization.tokenize_file)")
     joint = layout.bpe / "codes.joint-train.txt"
     lines.append(f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
                  f" > {shlex.quote(str(joint))}")
-    lines.append(shlex.join(pipeline.learn_bpe_command(joint, bpe_merges, layout.bpe / "codes")))
-    for split in pipeline.SPLITS:
+    lines.append(shlex.join(learn_bpe_command(joint, bpe_merges, layout.bpe / "codes")))
+    for split in SPLITS:
         for lang in (src, tgt):
-            lines.append(shlex.join(pipeline.apply_bpe_command(
+            lines.append(shlex.join(apply_bpe_command(
                 layout.bpe / "codes", layout.text / f"{split}.{lang}", layout.bpe / f"{split}.{lang}", args.workers)))
     max_len, ratio = DATA["clean"].value[0], task.clean_max_ratio
     lines.append(f"# bpe: drop training pairs that are empty, > {max_len} tokens"
-                 + (f" or of length ratio > {ratio}" if ratio else "") + " (pipeline.clean_training_pair)")
-    lines.append(shlex.join(pipeline.preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
+                 + (f" or of length ratio > {ratio}" if ratio else "") + " (bpe.clean_training_pair)")
+    lines.append(shlex.join(preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
     checkpoints = {}
     for variant in args.models:
         save_dir = layout.save_dir(variant, args.seed)
-        lines.append(shlex.join(pipeline.train_command(layout.data_bin, save_dir, variant, settings, args.seed,
+        lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, args.seed,
                                                        cpu=args.cpu)))
         for select in ("best",) + (("average",) if args.average_last else ()):
             if select == "average":
                 checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
                 lines.append(f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
-                             f"-> {checkpoint} (pipeline.average_checkpoints)")
+                             f"-> {checkpoint} (checkpoints.average_checkpoints)")
             else:
                 checkpoint = checkpoints[variant] = save_dir / "checkpoint_best.pt"
             out = work / "eval" / f"{variant}-seed{args.seed}-{select}"
-            lines.append(shlex.join(pipeline.generate_command(
+            lines.append(shlex.join(generate_command(
                 layout.data_bin, checkpoint, "test", out, DECODING["beam"].value, DECODING["lenpen"].value,
                 (1.2, 10) if args.smoke else None, cpu=args.cpu)))
             lines.append(f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
-                         f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (pipeline.score)")
+                         f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)")
     if not args.skip_analysis:
-        lines.append(shlex.join(pipeline.analyze_command(
+        lines.append(shlex.join(analyze_command(
             layout.data_bin, checkpoints, "valid", layout.analysis, _analysis_sentences(args))))
     print("\n".join(lines))
 
@@ -243,7 +253,7 @@ def run(args):
     # A corpus prepared from other data is refused, not reused.
     prepared_from = ({"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]} if args.smoke
                      else {"downloads": task.name, "pair": [src, tgt]})
-    if not args.raw_dir and not pipeline.done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
+    if not args.raw_dir and not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         if args.smoke:
             log(f"prepare: {task.smoke.note}")
             write_smoke_data(task, args.shared_data, src, tgt, raw_dir)
@@ -254,25 +264,25 @@ def run(args):
             log("prepare: extracting plain text")
             raw_dir.mkdir(parents=True, exist_ok=True)
             task.prepare(downloads, raw_dir, src, tgt)
-        pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in pipeline.SPLITS})
-        pipeline.mark_done(raw_dir / "prepare.done", settings=prepared_from)
-    counts = pipeline.check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in pipeline.SPLITS})
+        check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
+        mark_done(raw_dir / "prepare.done", settings=prepared_from)
+    counts = check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
     clean = (DATA["clean"].value[0], task.clean_max_ratio)
-    text_dir, data_bin = pipeline.build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize,
+    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize,
                                                 clean=clean, workers=args.workers)
 
     # train, select, evaluate
-    references_tok = pipeline.read_lines(text_dir / f"test.{tgt}")
-    references_raw = pipeline.read_lines(layout.references_raw)
+    references_tok = read_lines(text_dir / f"test.{tgt}")
+    references_raw = read_lines(layout.references_raw)
     selections = ("best",) + (("average",) if args.average_last else ())
     if args.average_last:
         settings = dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
     rows = []
     for i, variant in enumerate(args.models, 1):
         for select in selections:
-            rows.append(pipeline.train_and_evaluate(
+            rows.append(train_and_evaluate(
                 data_bin, work, variant, args.seed, settings, references_tok, references_raw, tgt,
                 label=f"{variant} [{i}/{len(args.models)}]", select=select, average_last=args.average_last,
                 beam=DECODING["beam"].value,
@@ -282,7 +292,7 @@ def run(args):
 
     # analyze, on the validation set as the paper
     if not args.skip_analysis:
-        analysis = pipeline.analyze(data_bin, checkpoints, "valid", layout.analysis,
+        analysis = analyze(data_bin, checkpoints, "valid", layout.analysis,
                                     work / f"analysis-seed{args.seed}.log", num_sentences=_analysis_sentences(args))
         for row in rows:
             if row["selection"] == "best":
@@ -291,12 +301,12 @@ def run(args):
     best = [row for row in rows if row["selection"] == "best"]
     lines = [f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
              f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
-             "", "Best checkpoint (validation accuracy):", "", pipeline.format_table(best, bleu_tok=True)]
+             "", "Best checkpoint (validation accuracy):", "", format_table(best, bleu_tok=True)]
     averaged = [dict(row, model=f"{row['model']} (avg {args.average_last})") for row in rows
                 if row["selection"] == "average"]
     if averaged:
         lines += ["", f"Average of the last {args.average_last} checkpoints:", "",
-                  pipeline.format_table(averaged, bleu_tok=True)]
+                  format_table(averaged, bleu_tok=True)]
     lines += ["", f"tok BLEU: {rows[0]['bleu_tok_signature']}; {tokenized_bleu_note(task.name, layout.tokenize)}",
               f"BLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]
     if not args.smoke and (src, tgt) == task.pairs[0]:
@@ -306,7 +316,7 @@ def run(args):
     (work / f"results-seed{args.seed}.md").write_text(report + "\n")
     print()
     print(report)
-    print(f"\nresults: {work / f'results-seed{args.seed}.md'}; total time {pipeline.format_seconds(time.time() - started)}")
+    print(f"\nresults: {work / f'results-seed{args.seed}.md'}; total time {format_seconds(time.time() - started)}")
 
 
 if __name__ == "__main__":

@@ -7,15 +7,16 @@ branch sparse-transformers, an OpenNMT-py fork) where the paper is silent, or, w
 fairseq's usual choice, said so. docs/recipes.md shows `settings_table()` and `DEPARTURES`, and
 tests/test_recipes.py fails when the page and this module disagree.
 """
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from entmax_recipes.pipeline import PipelineError, TrainSettings  # noqa: E402
-
-from corpora import (  # noqa: E402
-    PRETOKENIZED_TASKS, prepare_iwslt17, prepare_kftt, prepare_wmt14_en_de, prepare_wmt16_ro_en,
+from examples.pipeline.tools import PipelineError
+from examples.pipeline.training import TrainSettings
+from examples.translation.corpora import (
+    PRETOKENIZED_TASKS,
+    prepare_iwslt17,
+    prepare_kftt,
+    prepare_wmt14_en_de,
+    prepare_wmt16_ro_en,
 )
 
 PAPER = "paper, section 4"

@@ -1,0 +1,55 @@
+"""The attention analysis of trained models (fairseq-entmax-analyze): density and learned
+alphas per attention type, figures on disk."""
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from .markers import done_with_same_settings, fingerprint, mark_done
+from .tools import BIN_DIR, log, run_logged, user_dir
+
+
+def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
+    """The fairseq-entmax-analyze command over the checkpoints (label -> path)."""
+    args = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", user_dir(), "--subset", subset,
+            "--output-dir", out_dir]
+    for label, path in checkpoints.items():
+        args += ["--path", path, "--name", label]
+    if num_sentences:
+        args += ["--num-sentences", num_sentences]
+    return [str(a) for a in args]
+
+
+def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None):
+    """Run fairseq-entmax-analyze over the given checkpoints (label -> path); returns
+    label -> {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}} and writes
+    its figures to out_dir. Returns None if the analysis command is not installed."""
+    command = BIN_DIR / "fairseq-entmax-analyze"
+    if not command.exists():
+        log("fairseq-entmax-analyze is not installed: no attention density, alphas or figures")
+        return None
+    out_dir = Path(out_dir)
+    report, marker = out_dir / "analysis.json", out_dir / "analysis.done"
+    # Reuse an earlier analysis only if it was made of exactly these checkpoints, unchanged.
+    made_with = {"subset": subset, "num_sentences": num_sentences,
+                 "models": {label: fingerprint(path) for label, path in checkpoints.items()}}
+    if not (report.exists() and done_with_same_settings(marker, made_with)):
+        report.unlink(missing_ok=True)
+    if not report.exists():
+        log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
+        run_logged(analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences), log_path)
+        mark_done(marker, settings=made_with)
+    models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
+    summary = {}
+    for label in checkpoints:
+        model = models[label]
+        density, alphas = defaultdict(list), defaultdict(list)
+        for row in model["density"]:
+            density[row["attention"]].append(row["fraction"])
+        for row in model["alpha"]:
+            if row["alpha"] is not None:
+                alphas[row["attention"]].append(row["alpha"])
+        summary[label] = {
+            "density": {t: sum(v) / len(v) for t, v in density.items()},
+            "alpha": {t: (sum(v) / len(v), min(v), max(v)) for t, v in alphas.items()},
+        }
+    return summary

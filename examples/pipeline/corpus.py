@@ -1,0 +1,54 @@
+"""The parallel corpus: line-aligned plain text, {train,valid,test}.{src,tgt}, read and
+checked before any long work starts."""
+from pathlib import Path
+
+from .tools import PipelineError
+
+SPLITS = ("train", "valid", "test")
+
+
+def read_lines(path):
+    """Lines of a text file split on "\n" only (str.splitlines would also split on the
+    Unicode line separators some corpora hold inside sentences, breaking the alignment)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.replace("\r", " ") for line in lines]
+
+
+def count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def count_nonblank_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def check_parallel_corpus(files):
+    """`files` maps split -> (source path, target path). Checks, before any long work, that
+    every file exists, that source and target have the same number of lines and that no
+    split is empty. Returns split -> number of lines."""
+    missing = [str(p) for pair in files.values() for p in pair if not Path(p).is_file()]
+    if missing:
+        raise PipelineError(
+            "missing data files:\n  " + "\n  ".join(missing)
+            + "\nEach split needs a source and a target file, plain text, one sentence per line, "
+            "line i of the target translating line i of the source."
+        )
+    counts = {}
+    for split, (source, target) in files.items():
+        n_source, n_target = count_lines(source), count_lines(target)
+        if n_source != n_target:
+            raise PipelineError(
+                f"{split}: {source} has {n_source} lines but {target} has {n_target}. Source and target "
+                "must be line-aligned (line i of one translates line i of the other): re-extract or "
+                "re-align the two files."
+            )
+        if count_nonblank_lines(source) == 0 or count_nonblank_lines(target) == 0:
+            raise PipelineError(f"{split}: {source} or {target} has no text: the corpus is empty.")
+        counts[split] = n_source
+    return counts

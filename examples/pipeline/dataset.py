@@ -1,0 +1,69 @@
+"""The data stage end to end: raw text -> Moses tokenisation -> joint BPE -> cleaning ->
+fairseq-preprocess (binarisation), each step skipped when done with the same settings."""
+import shutil
+from pathlib import Path
+
+from .bpe import apply_bpe, clean_training_pair, learn_joint_bpe
+from .corpus import SPLITS
+from .markers import done_with, mark_done
+from .tokenization import CHARACTER_SEGMENTED_LANGS, tokenize_file
+from .tools import log, run_logged, tool
+
+
+def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
+    # fairseq-preprocess refuses a destination that holds a dictionary already, which an
+    # interrupted run leaves behind: start from an empty folder.
+    shutil.rmtree(dest_dir, ignore_errors=True)
+    run_logged(preprocess_command(text_dir, src, tgt, dest_dir, workers), log_path)
+
+
+def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
+    """The fairseq-preprocess command: a joined dictionary for joint BPE."""
+    return [str(a) for a in [
+        tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
+        "--trainpref", Path(text_dir) / "train", "--validpref", Path(text_dir) / "valid",
+        "--testpref", Path(text_dir) / "test", "--destdir", dest_dir,
+        "--joined-dictionary", "--workers", workers,
+    ]]
+
+
+def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1):
+    """raw text -> [Moses tokenisation] -> joint BPE [+ cleaning of training pairs] ->
+    fairseq-preprocess, each step skipped when done. Returns (tokenised text dir, data-bin)."""
+    work = Path(work)
+    text_dir = work / "tok" if tokenize else Path(raw_dir)
+    # The corpus by its folder, relative to the work dir when inside it (a moved work dir
+    # still matches its markers).
+    raw, resolved_work = Path(raw_dir).resolve(), work.resolve()
+    inside = raw.is_relative_to(resolved_work)
+    corpus = {"raw_dir": str(raw.relative_to(resolved_work) if inside else raw), "src": src, "tgt": tgt}
+    if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
+        log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
+        text_dir.mkdir(parents=True, exist_ok=True)
+        for split in SPLITS:
+            for lang in (src, tgt):
+                tokenize_file(Path(raw_dir) / f"{split}.{lang}", text_dir / f"{split}.{lang}", lang, workers=workers)
+        mark_done(text_dir / "tokenize.done", settings=corpus)
+    bpe_dir = work / "bpe"
+    bpe_settings = {**corpus, "tokenized": tokenize, "merges": bpe_merges, "clean": clean}
+    if not done_with(bpe_dir / "bpe.done", bpe_settings, "the BPE-segmented corpus"):
+        log(f"bpe: learning {bpe_merges} joint merges (subword-nmt)")
+        bpe_dir.mkdir(parents=True, exist_ok=True)
+        codes = bpe_dir / "codes"
+        learn_joint_bpe(text_dir / f"train.{src}", text_dir / f"train.{tgt}", bpe_merges, codes, bpe_dir / "bpe.log")
+        for split in SPLITS:
+            for lang in (src, tgt):
+                apply_bpe(codes, text_dir / f"{split}.{lang}", bpe_dir / f"{split}.{lang}", bpe_dir / "bpe.log", workers=workers)
+        info = {}
+        if clean:
+            kept, dropped = clean_training_pair(bpe_dir, src, tgt, *clean)
+            rule = f"empty, > {clean[0]} tokens" + (f" or length ratio > {clean[1]}" if clean[1] else "")
+            log(f"bpe: {kept} training pairs kept, {dropped} dropped ({rule})")
+            info = {"kept": kept, "dropped": dropped}
+        mark_done(bpe_dir / "bpe.done", info, settings=bpe_settings)
+    data_bin = work / "data-bin"
+    if not done_with(data_bin / "preprocess.done", bpe_settings, "the binarized data"):
+        log("binarize: fairseq-preprocess")
+        binarize(bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers)
+        mark_done(data_bin / "preprocess.done", settings=bpe_settings)
+    return text_dir, data_bin

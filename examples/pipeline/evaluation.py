@@ -1,0 +1,105 @@
+"""Translation of the test set (fairseq-generate) and its scores (sacrebleu: BLEU, chrF,
+tokenized BLEU); `train_and_evaluate` runs one model from training to its scores."""
+from pathlib import Path
+
+from .checkpoints import select_checkpoint
+from .corpus import read_lines
+from .markers import done_with_same_settings, fingerprint, is_done, mark_done
+from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
+from .tools import ToolError, log, run_logged, tool, use_cpu, user_dir
+from .training import train
+
+
+def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
+    """The fairseq-generate command (a list of strings) that translates `subset` into out_dir."""
+    args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+            "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
+            # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
+            # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
+            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir]
+    if max_len:
+        args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
+    if cpu:
+        args.append("--cpu")
+    return [str(a) for a in args]
+
+
+def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label="", max_len=None):
+    """fairseq-generate the subset; returns the hypotheses (BPE removed, still tokenised), in
+    corpus order. max_len=(a, b) caps a translation at a * source length + b tokens (fairseq's
+    default is 200 tokens, which a barely trained model may spend on every sentence)."""
+    out_dir = Path(out_dir)
+    hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
+    made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
+    if hyp_path.exists() and done_with_same_settings(marker, made_with):
+        return read_lines(hyp_path)
+    if hyp_path.exists() and is_done(marker):
+        log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
+    log(f"{label}: translating {subset} (beam {beam})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = generate_command(data_bin, checkpoint, subset, out_dir, beam, lenpen, max_len, cpu=use_cpu())
+    run_logged(args, out_dir / "generate.log")
+    hypotheses = {}
+    for line in read_lines(out_dir / f"generate-{subset}.txt"):
+        if line.startswith("H-"):
+            key, _score, *text = line.split("\t")
+            hypotheses[int(key[2:])] = text[0] if text else ""
+    missing = sorted(set(range(max(hypotheses, default=-1) + 1)) - set(hypotheses))
+    if missing:
+        raise ToolError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
+    ordered = [hypotheses[i] for i in range(len(hypotheses))]
+    hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
+    mark_done(marker, settings=made_with)
+    return ordered
+
+
+def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True, retokenize=False):
+    """BLEU and chrF with sacrebleu. `bleu_tok`: BLEU on tokenised text, as the paper reports it
+    (multi-bleu.perl): hypotheses_tok against references_tok, or with `retokenize` the
+    detokenised hypotheses against the raw references, both through `scoring_tokenize`.
+    `bleu`/`chrf`: sacreBLEU on detokenised output against the raw references, with their
+    signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    if len(hypotheses_tok) != len(references_tok):
+        raise ToolError(f"{len(hypotheses_tok)} translations for {len(references_tok)} references")
+    detokenized = detokenize_lines(hypotheses_tok, tgt_lang) if tokenized_bleu else hypotheses_tok
+    bleu, chrf = BLEU(tokenize=SACREBLEU_TOKENIZER.get(tgt_lang, "13a")), CHRF()
+    result = {
+        "bleu": round(bleu.corpus_score(detokenized, [references_raw]).score, 2),
+        "chrf": round(chrf.corpus_score(detokenized, [references_raw]).score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+    }
+    if tokenized_bleu:
+        # force: sacrebleu would warn that this text looks tokenised, which it is on purpose.
+        bleu_tok = BLEU(tokenize="none", force=True)
+        if retokenize:
+            hypotheses_tok = scoring_tokenize(detokenized, tgt_lang)
+            references_tok = scoring_tokenize(references_raw, tgt_lang)
+        result["bleu_tok"] = round(bleu_tok.corpus_score(hypotheses_tok, [references_tok]).score, 2)
+        result["bleu_tok_signature"] = str(bleu_tok.get_signature())
+    return result
+
+
+def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, references_raw, tgt,
+                       label=None, select="last", average_last=None, beam=5, lenpen=1.0, max_len=None,
+                       tokenized_bleu=True, retokenize=False, threads=None):
+    """Train one variant with one seed (skipped when trained), translate the test set with the
+    checkpoint `select` names (see select_checkpoint; "average" averages the last
+    `average_last`, by default all the checkpoints kept) and score it. Returns a result row
+    (without the attention analysis)."""
+    name = f"{variant}-seed{seed}"
+    label = label or name
+    save_dir = Path(work) / "models" / name
+    seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
+    checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
+    eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
+    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label,
+                          max_len=max_len)
+    scores = score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu,
+                   retokenize=retokenize)
+    shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
+    log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
+    return {"model": variant, "seed": seed, "selection": select, "checkpoint": str(checkpoint),
+            "hypotheses": str(eval_dir / "test.hyp"), **scores, "train_seconds": seconds}

@@ -1,0 +1,56 @@
+"""Stage bookkeeping. Stages write their outputs under one work directory and leave a
+`<stage>.done` marker when they finish, so a second run skips what is finished. A marker
+records the settings its stage ran with: data and models made with other settings are refused
+rather than reused (the table would not be what it says), and translations or analyses of a
+checkpoint that has changed are made again."""
+import json
+from pathlib import Path
+
+from .tools import PipelineError
+
+
+def is_done(marker):
+    return Path(marker).exists()
+
+
+def mark_done(marker, info=None, settings=None):
+    """Write the marker, with what the stage reports (info) and the settings it ran with."""
+    Path(marker).parent.mkdir(parents=True, exist_ok=True)
+    record = dict(info or {}, **({"settings": settings} if settings is not None else {}))
+    Path(marker).write_text(json.dumps(record) + "\n")
+
+
+def read_done(marker):
+    return json.loads(Path(marker).read_text())
+
+
+def _as_recorded(settings):
+    """settings as a marker holds them (tuples become lists), to compare with a marker's."""
+    return json.loads(json.dumps(settings))
+
+
+def done_with_same_settings(marker, settings):
+    """Whether the stage behind `marker` is done with exactly these settings."""
+    return is_done(marker) and read_done(marker).get("settings") == _as_recorded(settings)
+
+
+def done_with(marker, settings, what):
+    """Whether the stage behind `marker` is done. Done with other settings (a JSON-able dict)
+    raises PipelineError naming what changed: its outputs are not what this run asks for."""
+    if not is_done(marker):
+        return False
+    recorded = read_done(marker).get("settings")
+    settings = _as_recorded(settings)
+    if recorded is not None and recorded != settings:
+        changed = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"
+                            for key in sorted(recorded.keys() | settings.keys())
+                            if recorded.get(key) != settings.get(key))
+        raise PipelineError(f"{what} in {Path(marker).parent} was made with other settings ({changed}): "
+                            "use another --work-dir, or delete that folder to make it again")
+    return True
+
+
+def fingerprint(path):
+    """Path, size and modification time of a file: what tells a checkpoint from its successor."""
+    stat = Path(path).stat()
+    return {"path": str(path), "size": stat.st_size, "modified_ns": stat.st_mtime_ns}

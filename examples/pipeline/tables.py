@@ -1,0 +1,37 @@
+"""The results table: one row per model, as Markdown that reads as plain text too."""
+import math
+
+from .training import ATTENTION_TYPES
+
+_SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
+
+
+def format_table(rows, bleu_tok=False):
+    """rows: dicts with model, bleu, chrf, [bleu_tok], density, alpha, train_seconds.
+    A Markdown table, readable as plain text too."""
+    header = ["model"] + (["tok BLEU"] if bleu_tok else []) + ["BLEU", "chrF"]
+    header += [f"density {_SHORT[t]}" for t in ATTENTION_TYPES]
+    header += [f"alpha {_SHORT[t]} mean (min-max)" for t in ATTENTION_TYPES]
+    header += ["train time"]
+    lines = [header]
+    for row in rows:
+        density = row.get("density") or {}
+        alpha = row.get("alpha") or {}
+        cells = [row["model"]] + ([f"{row['bleu_tok']:.2f}"] if bleu_tok else [])
+        cells += [f"{row['bleu']:.2f}", f"{row['chrf']:.2f}"]
+        cells += [f"{density[t]:.3f}" if t in density else "-" for t in ATTENTION_TYPES]
+        cells += [f"{alpha[t][0]:.2f} ({alpha[t][1]:.2f}-{alpha[t][2]:.2f})" if t in alpha else "-"
+                  for t in ATTENTION_TYPES]
+        cells.append(format_seconds(row["train_seconds"]))
+        lines.append(cells)
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
+    text = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]
+    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(text)
+
+
+def format_seconds(seconds):
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

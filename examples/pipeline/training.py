@@ -1,0 +1,178 @@
+"""fairseq-train of one attention variant: its settings, its command, and a run that resumes
+from checkpoint_last.pt and skips a finished model."""
+import re
+import shutil
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .markers import done_with, is_done, mark_done, read_done
+from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
+
+VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+# fairseq_entmax.modules.ATTENTION_TYPES, copied: importing it imports fairseq, which the
+# pipeline's marker checks and tables do not need (tests/test_recipes.py checks they agree).
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
+
+@dataclass
+class TrainSettings:
+    """fairseq-train settings shared by the attention variants of one experiment. Every field
+    becomes fairseq-train options in `train_command`, the one place that spells them."""
+
+    arch: str
+    max_update: int                    # a cap: with a patience, training may stop before it
+    max_tokens: int = 4096             # per device and batch; times update_freq and devices per update
+    update_freq: int = 1
+    lr: float = 5e-4                   # the peak, reached at the end of the linear warm-up
+    warmup_updates: int = 4000
+    dropout: float = 0.3
+    attention_dropout: float = 0.0     # on the attention weights, after the normalizer
+    activation_dropout: float = 0.0    # after the ReLU of the feed-forward sublayer
+    normalize_before: bool = False     # pre-norm: LayerNorm before each sublayer, and a final one
+    adam_betas: tuple = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0001
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    topk: int = 8
+    keep_last_epochs: int = 5          # the checkpoints kept (and averaged when asked)
+    save_interval_updates: int = 0     # > 0: checkpoint (and validate) every N updates instead of epochs
+    validate_every_epoch: bool = True  # False: validate only every save_interval_updates updates
+    patience: int = 0                  # > 0: stop after this many validations without a new best
+    best_metric: str = "loss"          # what checkpoint_best.pt and the patience follow: loss or accuracy
+    log_interval: int = 100
+    model_args: list = field(default_factory=list)   # size overrides of the architecture
+    extra_args: list = field(default_factory=list)
+
+
+def variant_args(variant, topk):
+    """fairseq-train options (contract 2 of the project) that select one attention variant."""
+    if variant == "softmax":
+        return ["--attention-normalizer", "softmax"]
+    if variant == "entmax15":
+        return ["--attention-normalizer", "entmax15"]
+    if variant == "alpha_entmax":
+        # The paper: one alpha per head, layer and attention type, initialised at random.
+        return ["--attention-normalizer", "alpha_entmax", "--alpha-init", "random"]
+    if variant == "topk":
+        return ["--attention-normalizer", "topk", "--topk", topk]
+    raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
+
+
+def _progress_line(label, max_update):
+    """Turn fairseq's log lines into one short progress line per log interval / epoch."""
+    number = r"([-+0-9.e]+)"
+
+    def show(line):
+        if "| ERROR |" in line or "Traceback" in line or line.startswith(("RuntimeError", "ValueError")):
+            return f"{label}: {line.strip()}"
+        kind = "valid" if "| valid |" in line else "train" if ("| train_inner |" in line or "| train |" in line) else None
+        if kind is None:
+            return None
+        fields = dict(re.findall(r"(\w+)[= ]" + number + r"(?=[,| ]|$)", line.strip()))
+        parts = [f"{label}", kind]
+        epoch = re.search(r"epoch (\d+)", line)
+        if epoch:
+            parts.append(f"epoch {int(epoch.group(1))}")
+        if "num_updates" in fields:
+            parts.append(f"update {fields['num_updates']}/{max_update}")
+        if "loss" in fields:
+            parts.append(f"loss {float(fields['loss']):.3f}")
+        alphas = [f"alpha {t} {float(fields[f'alpha_{t}_mean']):.2f}" for t in ATTENTION_TYPES if f"alpha_{t}_mean" in fields]
+        return "  ".join(parts + alphas)
+
+    return show
+
+
+def _repair_interrupted_checkpoint_last(save_dir, label):
+    """fairseq writes a numbered checkpoint and then copies it to checkpoint_last.pt; an
+    interrupt during the copy leaves a truncated file, from which fairseq-train cannot resume
+    (EOFError). torch checkpoints are zip archives, whose index is at the end, so a truncated
+    one is not a valid zip: replace it with the newest complete numbered checkpoint, or remove
+    it so that training starts over."""
+    last = save_dir / "checkpoint_last.pt"
+    if not last.exists() or zipfile.is_zipfile(last):
+        return
+    complete = [p for p in save_dir.glob("checkpoint*.pt") if p != last and zipfile.is_zipfile(p)]
+    if complete:
+        newest = max(complete, key=lambda p: p.stat().st_mtime)
+        shutil.copyfile(newest, last)
+        log(f"{label}: {last.name} was cut short by an interrupt; resuming from {newest.name} instead")
+    else:
+        last.unlink()
+        log(f"{label}: {last.name} was cut short by an interrupt and no complete checkpoint is left; starting over")
+
+
+def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
+    """The fairseq-train command (a list of strings) of one variant and seed."""
+    s = settings
+    args = [
+        tool("fairseq-train"), data_bin, "--user-dir", user_dir(), "--task", "translation",
+        "--arch", s.arch, *variant_args(variant, s.topk), *s.model_args, "--share-all-embeddings",
+        "--dropout", s.dropout, "--attention-dropout", s.attention_dropout,
+        "--activation-dropout", s.activation_dropout,
+        *(["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []),
+        "--optimizer", "adam", "--adam-betas", f"({s.adam_betas[0]}, {s.adam_betas[1]})", "--adam-eps", s.adam_eps,
+        "--weight-decay", s.weight_decay, "--clip-norm", s.clip_norm,
+        "--lr", s.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s.warmup_updates,
+        "--warmup-init-lr", "1e-07",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", s.label_smoothing,
+        "--report-accuracy",
+        "--max-tokens", s.max_tokens, "--update-freq", s.update_freq, "--max-update", s.max_update,
+        "--seed", seed, "--save-dir", save_dir,
+        "--best-checkpoint-metric", s.best_metric,
+        *(["--maximize-best-checkpoint-metric"] if s.best_metric == "accuracy" else []),
+        *(["--patience", s.patience] if s.patience else []),
+        "--tensorboard-logdir", Path(save_dir) / "tensorboard",
+        "--log-format", "simple", "--log-interval", s.log_interval, "--no-progress-bar",
+        "--skip-invalid-size-inputs-valid-test",
+    ]
+    if s.save_interval_updates:
+        args += ["--save-interval-updates", s.save_interval_updates, "--validate-interval-updates",
+                 s.save_interval_updates, "--keep-interval-updates", s.keep_last_epochs, "--no-epoch-checkpoints"]
+        if not s.validate_every_epoch:
+            # fairseq validates (and counts towards the patience) at every epoch's end unless its
+            # epoch intervals are out of reach: then only the update intervals count.
+            args += ["--validate-interval", 1_000_000, "--save-interval", 1_000_000]
+    else:
+        args += ["--keep-last-epochs", s.keep_last_epochs]
+    if cpu:
+        args.append("--cpu")
+    return [str(a) for a in [*args, *s.extra_args]]
+
+
+def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
+    """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
+    Returns the training wall time in seconds, summed over resumed runs."""
+    save_dir = Path(save_dir)
+    done, time_file = save_dir / "train.done", save_dir / "train_seconds.txt"
+    label = label or variant
+    # Recorded when training starts, so that a resumed run is checked too.
+    started, run_settings = save_dir / "train.started", {"variant": variant, "seed": seed, **asdict(settings)}
+    done_with(started, run_settings, f"the {variant} model (seed {seed})")
+    if is_done(done):
+        seconds = read_done(done)["seconds"]
+        log(f"{label}: already trained ({seconds:.0f} s), skipping")
+        return seconds
+    save_dir.mkdir(parents=True, exist_ok=True)
+    mark_done(started, settings=run_settings)
+    _repair_interrupted_checkpoint_last(save_dir, label)
+    if (save_dir / "checkpoint_last.pt").exists():
+        log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
+    else:
+        log(f"{label}: training ({settings.max_update} updates)")
+    args = train_command(data_bin, save_dir, variant, settings, seed, cpu=use_cpu())
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
+    previous = float(time_file.read_text()) if time_file.exists() else 0.0
+    start = time.time()
+    try:
+        run_logged(args, save_dir / "train.log", show=_progress_line(label, settings.max_update), env=env)
+    finally:
+        # Kept across interruptions, so a resumed run reports its total training time.
+        time_file.write_text(f"{previous + time.time() - start}\n")
+    seconds = previous + time.time() - start
+    mark_done(done, {"seconds": seconds})
+    log(f"{label}: trained in {seconds:.0f} s")
+    return seconds

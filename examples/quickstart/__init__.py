@@ -1,0 +1,1 @@
+"""The quickstart (`make demo`) and its generated toy language pair."""
