@@ -100,7 +100,7 @@ def run(args):
     # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
     # fairseq-preprocess.
     text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
-                                                tokenize=own_corpus, clean=None)
+                                       tokenize=own_corpus, clean=None)
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
     # translation of the test set and scoring.

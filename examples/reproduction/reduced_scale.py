@@ -158,8 +158,8 @@ def run(args):
 
     names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
     analysis = analyze(data_bin, {name: r["checkpoint"] for name, r in names.items()},
-                                budget.get("analysis_subset", "valid"), work / "analysis", work / "analysis.log",
-                                num_sentences=budget["analysis_sentences"])
+                       budget.get("analysis_subset", "valid"), work / "analysis", work / "analysis.log",
+                       num_sentences=budget["analysis_sentences"])
     for name, row in names.items():
         row.update((analysis or {}).get(name, {}))
 

@@ -211,7 +211,7 @@ def dry_run(args, settings, num_gpus):
     for variant in args.models:
         save_dir = layout.save_dir(variant, args.seed)
         lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, args.seed,
-                                                       cpu=args.cpu)))
+                                              cpu=args.cpu)))
         for select in ("best",) + (("average",) if args.average_last else ()):
             if select == "average":
                 checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
@@ -271,7 +271,7 @@ def run(args):
 
     clean = (DATA["clean"].value[0], task.clean_max_ratio)
     text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize,
-                                                clean=clean, workers=args.workers)
+                                       clean=clean, workers=args.workers)
 
     # train, select, evaluate
     references_tok = read_lines(text_dir / f"test.{tgt}")
@@ -293,7 +293,7 @@ def run(args):
     # analyze, on the validation set as the paper
     if not args.skip_analysis:
         analysis = analyze(data_bin, checkpoints, "valid", layout.analysis,
-                                    work / f"analysis-seed{args.seed}.log", num_sentences=_analysis_sentences(args))
+                           work / f"analysis-seed{args.seed}.log", num_sentences=_analysis_sentences(args))
         for row in rows:
             if row["selection"] == "best":
                 row.update((analysis or {}).get(row["model"], {}))
