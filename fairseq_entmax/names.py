@@ -1,0 +1,95 @@
+"""Names shared by the fairseq layer, its training log, the analysis and the recipes.
+
+The attention types, the names of the alpha metrics the model logs, and fairseq's model-size
+options are each written here once. This module imports nothing, so it can be imported
+where neither fairseq nor torch is needed (fairseq_entmax's own __init__ still runs first).
+"""
+import re
+
+# The three attention types of an encoder-decoder Transformer, in the order every table,
+# figure and log lists them.
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
+# How figures and help texts name each attention type.
+ATTENTION_TITLES = {
+    "encoder_self": "encoder self-attention",
+    "decoder_self": "decoder self-attention",
+    "cross": "encoder-decoder attention",
+}
+
+# The statistics over the heads of one attention type that every training log line carries.
+ALPHA_STATISTICS = ("mean", "min", "max")
+
+_ALPHA_METRIC = re.compile(
+    r"^alpha_(" + "|".join(ATTENTION_TYPES) + r")_(?:(" + "|".join(ALPHA_STATISTICS) + r")|L(\d+)_H(\d+))$"
+)
+
+# fairseq's Transformer size options, each given once for the encoder and once for the decoder.
+MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
+
+
+def alpha_metric_name(attention_type, statistic):
+    """The training log's name of a statistic of the learned alphas of one attention type.
+
+    Args:
+        attention_type: one of ATTENTION_TYPES.
+        statistic: one of ALPHA_STATISTICS, taken over all heads of all layers of that type.
+
+    Returns:
+        The metric name, e.g. "alpha_encoder_self_mean".
+    """
+    return f"alpha_{attention_type}_{statistic}"
+
+
+def alpha_head_metric_name(attention_type, layer, head):
+    """The training log's name of one head's learned alpha (logged with --tensorboard-logdir).
+
+    Args:
+        attention_type: one of ATTENTION_TYPES.
+        layer: the layer, counted from 0.
+        head: the head, counted from 0.
+
+    Returns:
+        The metric name, e.g. "alpha_encoder_self_L0_H3".
+    """
+    return f"alpha_{attention_type}_L{layer}_H{head}"
+
+
+def parse_alpha_metric_name(name):
+    """What an alpha metric name of the training log stands for.
+
+    Args:
+        name: a metric name, as alpha_metric_name or alpha_head_metric_name write it (or any
+            other name).
+
+    Returns:
+        (attention_type, statistic, layer, head): statistic is one of ALPHA_STATISTICS, with
+        layer and head None, or "head" with layer and head ints. None when `name` is not an
+        alpha metric.
+    """
+    match = _ALPHA_METRIC.match(name)
+    if match is None:
+        return None
+    attention_type, statistic, layer, head = match.groups()
+    if statistic is None:
+        return attention_type, "head", int(layer), int(head)
+    return attention_type, statistic, None, None
+
+
+def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
+    """fairseq-train arguments that give the encoder and the decoder the same size.
+
+    Args:
+        layers: number of layers of each.
+        embed_dim: width of the embeddings and of the attention.
+        ffn_embed_dim: width of the feed-forward layers.
+        attention_heads: heads of every attention.
+
+    Returns:
+        A list of strings: --encoder-layers N --decoder-layers N --encoder-embed-dim D ...,
+        in the order of MODEL_SIZE_OPTIONS.
+    """
+    arguments = []
+    for option, value in zip(MODEL_SIZE_OPTIONS, (layers, embed_dim, ffn_embed_dim, attention_heads)):
+        arguments += [f"--encoder-{option}", str(value), f"--decoder-{option}", str(value)]
+    return arguments
