@@ -3,14 +3,12 @@ from fairseq_entmax._fairseq_required import require_fairseq
 
 require_fairseq()
 
-from fairseq_entmax.modules.sparse_multihead_attention import (  # noqa: E402
-    ATTENTION_TYPES,
-    SparseMultiheadAttention,
-)
+from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention  # noqa: E402
 from fairseq_entmax.modules.sparse_transformer_layer import (  # noqa: E402
     SparseTransformerDecoderLayer,
     SparseTransformerEncoderLayer,
 )
+from fairseq_entmax.names import ATTENTION_TYPES  # noqa: E402 (re-exported from where it was defined before)
 
 __all__ = [
     "ATTENTION_TYPES",

@@ -5,12 +5,8 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
-from fairseq_entmax.normalizers import NORMALIZER_NAMES, get_normalizer
-
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
-
-# alpha of the normalizers whose alpha is fixed (contract: head_alpha()).
-FIXED_ALPHA = {"softmax": 1.0, "sparsemax": 2.0, "entmax15": 1.5}
+from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.normalizers import normalizer_entry
 
 # --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
 _MAX_SIGMOID = 1.0 - 1e-6
@@ -42,10 +38,11 @@ class SparseMultiheadAttention(MultiheadAttention):
     incremental state, beam reordering, dropout and the returned weights, which are the
     (possibly sparse) probabilities the values are averaged with.
 
-    Learned alpha (normalizer "alpha_entmax"): one parameter `alpha_logit` per head,
-    alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp), initialised from N(0, 1)
-    (alpha_init="random", as Correia et al. did) or so that every head starts at
-    alpha_init.
+    The normalizer's registry entry (fairseq_entmax.normalizers.registry) is
+    `self.normalizer`. Learned alpha (normalizer "alpha_entmax"): one parameter
+    `alpha_logit` per head, alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp),
+    initialised from N(0, 1) (alpha_init="random", as Correia et al. did) or so that every
+    head starts at alpha_init.
 
     compile_normalizer: run the normalizer through torch.compile(fullgraph=True,
     dynamic=True) (one graph for every batch shape; see docs/fairseq.md for when it pays).
@@ -70,10 +67,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             raise ValueError(
                 f"attention_type must be one of {', '.join(ATTENTION_TYPES)}, got {attention_type!r}"
             )
-        if normalizer_name not in NORMALIZER_NAMES:
-            raise ValueError(
-                f"unknown normalizer {normalizer_name!r}; known: {', '.join(NORMALIZER_NAMES)}"
-            )
+        normalizer = normalizer_entry(normalizer_name)
         if multihead_attention_kwargs.get("xformers_att_config") is not None:
             raise ValueError(
                 "xformers attention computes its own softmax and would bypass "
@@ -87,16 +81,21 @@ class SparseMultiheadAttention(MultiheadAttention):
         self._set_skip_embed_dim_check()
         self.attention_type = attention_type
         self.normalizer_name = normalizer_name
+        self.normalizer = normalizer
         self.alpha_clamp = (float(alpha_clamp[0]), float(alpha_clamp[1]))
         self.topk = topk
         self.topk_fraction = topk_fraction
         self.topk_min = topk_min
-        normalizer = get_normalizer(normalizer_name)
+        function = normalizer.function
         if compile_normalizer:
-            normalizer = torch.compile(normalizer, fullgraph=True, dynamic=True)
-        self._normalizer = normalizer
+            function = torch.compile(function, fullgraph=True, dynamic=True)
+        self._normalizer_function = function
         self.compile_normalizer = compile_normalizer
-        if normalizer_name == "alpha_entmax":
+        # The call is chosen once, by the kind of the normalizer's extra parameter. A plain
+        # function of the module, not a closure or bound method: those would tie a deep copy
+        # of the module (fairseq's --ema) to the original's alpha.
+        self._normalize = _NORMALIZE_CALLS[normalizer.parameter]
+        if normalizer.learns_alpha:
             if alpha_init == "random":
                 initial = torch.randn(num_heads)
             else:
@@ -107,11 +106,11 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     def extra_repr(self):
         text = f"attention_type={self.attention_type}, normalizer={self.normalizer_name}"
-        if self.normalizer_name == "alpha_entmax":
+        if self.alpha_logit is not None:
             text += f", alpha_clamp={self.alpha_clamp}"
         if self.compile_normalizer:
             text += ", compiled"
-        if self.normalizer_name == "topk":
+        if self.normalizer.parameter == "k":
             text += (
                 f", topk={self.topk}" if self.topk_fraction is None
                 else f", topk_fraction={self.topk_fraction}, topk_min={self.topk_min}"
@@ -119,29 +118,34 @@ class SparseMultiheadAttention(MultiheadAttention):
         return text
 
     def head_alpha(self):
-        """Each head's current alpha, shape (num_heads,); None for top-k (not an entmax)."""
-        if self.normalizer_name == "topk":
-            return None
+        """Each head's current alpha.
+
+        Returns:
+            A float tensor of shape (num_heads,): the learned, clamped 1 + sigmoid(alpha_logit)
+            or the normalizer's fixed alpha (softmax 1, entmax15 1.5, sparsemax 2); None for a
+            normalizer that is no alpha-entmax (top-k).
+        """
         if self.alpha_logit is not None:
             low, high = self.alpha_clamp
             return torch.clamp(1.0 + torch.sigmoid(self.alpha_logit.float()), low, high)
+        if self.normalizer.fixed_alpha is None:
+            return None
         return torch.full(
-            (self.num_heads,), FIXED_ALPHA[self.normalizer_name],
-            device=self.q_proj.weight.device,
+            (self.num_heads,), self.normalizer.fixed_alpha, device=self.q_proj.weight.device,
         )
 
     def normalize(self, scores):
-        """Attention probabilities from scores of shape (batch * heads, queries, keys)."""
-        if self.normalizer_name == "alpha_entmax":
-            per_head = scores.view(-1, self.num_heads, scores.size(1), scores.size(2))
-            alpha = self.head_alpha().view(1, self.num_heads, 1, 1)
-            # The clamp bounds alpha: the sync-free path (GPUs, torch.compile) takes the
-            # search for alpha <= 2 from it instead of reading alpha's values.
-            return self._normalizer(per_head, alpha, dim=-1, max_alpha=self.alpha_clamp[1]).view_as(scores)
-        if self.normalizer_name == "topk":
-            k = keys_kept_per_query(scores, self.topk, self.topk_fraction, self.topk_min)
-            return self._normalizer(scores, k, dim=-1)
-        return self._normalizer(scores, dim=-1)
+        """Attention probabilities from attention scores.
+
+        Args:
+            scores: float tensor of shape (batch * heads, queries, keys), -inf where a key
+                is masked.
+
+        Returns:
+            The probabilities, of the same shape, each row summing to 1 (0 for a fully
+            masked row).
+        """
+        return self._normalize(self, scores)
 
     def forward(
         self,
@@ -204,3 +208,24 @@ class SparseMultiheadAttention(MultiheadAttention):
             if not need_head_weights:
                 returned_weights = returned_weights.mean(dim=0)
         return attn, returned_weights
+
+
+def _normalize_plain(attention, scores):
+    return attention._normalizer_function(scores, dim=-1)
+
+
+def _normalize_with_alpha(attention, scores):
+    per_head = scores.view(-1, attention.num_heads, scores.size(1), scores.size(2))
+    alpha = attention.head_alpha().view(1, attention.num_heads, 1, 1)
+    # The clamp bounds alpha: the sync-free path (GPUs, torch.compile) takes the search for
+    # alpha <= 2 from it instead of reading alpha's values.
+    return attention._normalizer_function(per_head, alpha, dim=-1, max_alpha=attention.alpha_clamp[1]).view_as(scores)
+
+
+def _normalize_with_k(attention, scores):
+    k = keys_kept_per_query(scores, attention.topk, attention.topk_fraction, attention.topk_min)
+    return attention._normalizer_function(scores, k, dim=-1)
+
+
+# How the module calls a normalizer, by its extra parameter (Normalizer.parameter).
+_NORMALIZE_CALLS = {None: _normalize_plain, "alpha": _normalize_with_alpha, "k": _normalize_with_k}

@@ -10,43 +10,32 @@ Each is a torch.autograd.Function with a hand-written backward that keeps only i
   overflow is seen (fairseq's fp16 loss scaler reacts to it) instead of hidden as zeros;
 - on a GPU, and on the CPU inside `with sync_free():`, they make no host synchronisation
   (see _common.sync_free), and torch.compile(fullgraph=True) captures them whole.
+
+The registry (registry.py) describes each normalizer once: its name, function, extra
+parameter and fixed alpha.
 """
 from fairseq_entmax.normalizers._common import sync_free
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15
+from fairseq_entmax.normalizers.registry import (
+    NORMALIZER_NAMES,
+    NORMALIZERS,
+    Normalizer,
+    get_normalizer,
+    normalizer_entry,
+)
 from fairseq_entmax.normalizers.softmax import softmax
 from fairseq_entmax.normalizers.sparsemax import sparsemax
 from fairseq_entmax.normalizers.topk import topk_softmax
 
-_REGISTRY = {
-    "softmax": softmax,
-    "sparsemax": sparsemax,
-    "entmax15": entmax15,
-    "alpha_entmax": alpha_entmax,
-    "topk": topk_softmax,
-}
-NORMALIZER_NAMES = tuple(_REGISTRY)
-
-
-def get_normalizer(name):
-    """The normalizer function registered as `name` (one of NORMALIZER_NAMES).
-
-    softmax, sparsemax and entmax15 take (scores, dim=-1); alpha_entmax takes
-    (scores, alpha, dim=-1); topk takes (scores, k, dim=-1).
-    """
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}"
-        ) from None
-
-
 __all__ = [
+    "NORMALIZERS",
     "NORMALIZER_NAMES",
+    "Normalizer",
     "alpha_entmax",
     "entmax15",
     "get_normalizer",
+    "normalizer_entry",
     "softmax",
     "sparsemax",
     "sync_free",
