@@ -7,7 +7,8 @@ require_fairseq()
 from fairseq_entmax.models.adaptively_sparse_transformer import (  # noqa: E402
     MODEL_NAME,
     AdaptivelySparseTransformerModel,
+    attention_modules,
     sparse_attention_modules,
 )
 
-__all__ = ["MODEL_NAME", "AdaptivelySparseTransformerModel", "sparse_attention_modules"]
+__all__ = ["MODEL_NAME", "AdaptivelySparseTransformerModel", "attention_modules", "sparse_attention_modules"]

@@ -9,22 +9,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
-
-
-def sparse_attention_options(cfg, attention_type):
-    """Keyword arguments of SparseMultiheadAttention for one attention type, read from the
-    model config (set by the model's options and architecture defaults)."""
-    normalizer = getattr(cfg, f"{attention_type}_attention_normalizer", None)
-    return dict(
-        attention_type=attention_type,
-        normalizer_name=normalizer or cfg.attention_normalizer,
-        alpha_init=cfg.alpha_init,
-        alpha_clamp=cfg.alpha_clamp,
-        topk=cfg.topk,
-        topk_fraction=cfg.topk_fraction,
-        topk_min=cfg.topk_min,
-        compile_normalizer=cfg.compile_normalizers,
-    )
+from fairseq_entmax.options import sparse_attention_options
 
 
 class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
