@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from fairseq_entmax.analysis import analyze
-from fairseq_entmax.analysis.capture import ATTENTION_TYPES, attention_sites, capture_attention
+from fairseq_entmax.analysis.capture import attention_sites, capture_attention
 from fairseq_entmax.analysis.cli import main
 from fairseq_entmax.analysis.runner import load_checkpoint
 from fairseq_entmax.analysis.training_log import read_log_file
+from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import alpha_entmax
 from helpers import BIN_DIR, USER_DIR, fairseq_command, run
 

@@ -14,7 +14,7 @@ import torch
 from fairseq import checkpoint_utils
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 
-from fairseq_entmax.modules import ATTENTION_TYPES
+from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, fairseq_command, run
 

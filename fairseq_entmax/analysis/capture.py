@@ -2,19 +2,17 @@
 
 Works on any subclass of fairseq.modules.MultiheadAttention: fairseq_entmax's
 SparseMultiheadAttention and plain fairseq attention alike. Nothing here knows how the
-weights are computed; the attention type and layer come from the module's name.
+weights are computed; the attention modules, their type and layer are those the model lists
+(fairseq_entmax.models.attention_modules).
 """
 import inspect
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES
-
-# encoder.layers.3.self_attn, decoder.layers.0.encoder_attn; wrappers may add parts in between.
-_MODULE_NAME = re.compile(r"^(encoder|decoder)\.layers\.(\d+)\.(?:.*\.)?(self_attn|encoder_attn)$")
+from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.normalizers import normalizer_entry
 
 
 @dataclass
@@ -40,26 +38,31 @@ class AttentionSite:
         Modules that are not ours are softmax: alpha 1.
         """
         if not hasattr(self.module, "head_alpha"):
-            return [1.0] * self.num_heads
+            return [normalizer_entry("softmax").fixed_alpha] * self.num_heads
         alpha = self.module.head_alpha()
         return None if alpha is None else [float(a) for a in alpha.detach().cpu()]
 
 
 def attention_sites(model):
-    """All attention modules of a fairseq encoder-decoder model, in (type, layer) order."""
-    from fairseq.modules import MultiheadAttention
+    """All attention modules of a fairseq encoder-decoder model.
 
-    sites = []
-    for name, module in model.named_modules():
-        match = _MODULE_NAME.match(name)
-        if match is None or not isinstance(module, MultiheadAttention):
-            continue
-        side, layer, kind = match.groups()
-        if side == "encoder":
-            attention = "encoder_self"
-        else:
-            attention = "decoder_self" if kind == "self_attn" else "cross"
-        sites.append(AttentionSite(name, attention, int(layer), module))
+    Args:
+        model: a fairseq Transformer (this package's or fairseq's own).
+
+    Returns:
+        A list of AttentionSite, in (ATTENTION_TYPES, layer) order, named by the module's
+        name in the model.
+
+    Raises:
+        ValueError: if the model has no attention modules where a fairseq Transformer has them.
+    """
+    from fairseq_entmax.models import attention_modules
+
+    names = {id(module): name for name, module in model.named_modules()}
+    sites = [
+        AttentionSite(names[id(module)], attention, layer, module)
+        for attention, layer, module in attention_modules(model)
+    ]
     if not sites:
         raise ValueError(
             "found no attention modules named encoder.layers.N.self_attn / decoder.layers.N.self_attn / "

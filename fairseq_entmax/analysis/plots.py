@@ -8,9 +8,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fairseq_entmax.analysis.capture import ATTENTION_TYPES  # noqa: E402
 from fairseq_entmax.analysis.report import file_label  # noqa: E402
 from fairseq_entmax.analysis.training_log import group_by_variant  # noqa: E402
+from fairseq_entmax.names import ATTENTION_TITLES as TITLES  # noqa: E402
+from fairseq_entmax.names import ATTENTION_TYPES  # noqa: E402
+from fairseq_entmax.normalizers import normalizer_entry  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -19,9 +21,6 @@ _NONZERO_CMAP = matplotlib.colors.LinearSegmentedColormap.from_list(
     "nonzero_blues", plt.get_cmap("Blues")(np.linspace(0.15, 1.0, 256)))
 _NONZERO_CMAP.set_under("white")
 _SMALLEST_SHOWN = 1e-12
-
-TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
-          "cross": "encoder-decoder attention"}
 
 
 def _types(models):
@@ -97,7 +96,7 @@ def alpha_histogram(models, output_dir):
             if not alphas:
                 continue
             color = f"C{index}"
-            if model["normalizers"][attention] == "alpha_entmax":
+            if normalizer_entry(model["normalizers"][attention]).learns_alpha:
                 ax.hist(alphas, bins=bins, alpha=0.6, color=color, label=f"{model['name']} (learned)")
             else:
                 ax.axvline(alphas[0], color=color, linestyle="--",

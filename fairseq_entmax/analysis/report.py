@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from fairseq_entmax.analysis.capture import ATTENTION_TYPES
+from fairseq_entmax.names import ATTENTION_TYPES
 
 
 def file_label(name):

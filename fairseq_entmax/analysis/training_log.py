@@ -1,6 +1,6 @@
 """Alpha trajectories over training, read from what fairseq-train wrote.
 
-Two sources, as the fairseq layer logs them:
+Two sources, as the fairseq layer logs them (names from fairseq_entmax.names):
 - the training log (fairseq's log lines in `simple` or `json` format, e.g. from --log-file or
   a saved stdout): `alpha_<type>_mean`, `alpha_<type>_min`, `alpha_<type>_max` per logged step;
 - a --tensorboard-logdir: the same plus per-head scalars `alpha_<type>_L<layer>_H<head>`.
@@ -17,9 +17,10 @@ import logging
 import re
 from pathlib import Path
 
+from fairseq_entmax.names import ALPHA_STATISTICS, ATTENTION_TYPES, parse_alpha_metric_name
+
 logger = logging.getLogger(__name__)
 
-_ALPHA_KEY = re.compile(r"^alpha_(encoder_self|decoder_self|cross)_(?:(mean|min|max)|L(\d+)_H(\d+))$")
 # What fairseq's console logging puts before a message: "2024-01-01 12:00:00 | INFO | train_inner | ".
 # Its --log-file gets the bare message, so the stats' kind is told from the message itself.
 _LOGGING_PREFIX = re.compile(r"^.*?\| [A-Z]+ \| [\w.]+ \| ")
@@ -27,16 +28,6 @@ _LOGGING_PREFIX = re.compile(r"^.*?\| [A-Z]+ \| [\w.]+ \| ")
 _SIMPLE_INNER = re.compile(r"^epoch \d+:\s+\d+ / \d+ (.*)$")
 # Kinds of stats lines, most frequent first: one kind is enough, the others repeat the same alphas.
 _TAGS = ("train_inner", "train", "valid")
-
-
-def _parse_alpha_key(key):
-    match = _ALPHA_KEY.match(key)
-    if match is None:
-        return None
-    attention, statistic, layer, head = match.groups()
-    if statistic is None:
-        return attention, "head", int(layer), int(head)
-    return attention, statistic, None, None
 
 
 def _payload(line):
@@ -87,12 +78,12 @@ def _collect(records):
     """records: iterable of (step, key, value) -> list of trajectories sorted by key."""
     series = {}
     for step, key, value in records:
-        parsed = _parse_alpha_key(key)
+        parsed = parse_alpha_metric_name(key)
         if parsed is None or value is None or step is None:
             continue
         series.setdefault(parsed, {})[step] = value  # a later line for the same step wins
     trajectories = []
-    order = {name: i for i, name in enumerate(("encoder_self", "decoder_self", "cross", "mean", "min", "max", "head"))}
+    order = {name: i for i, name in enumerate(ATTENTION_TYPES + ALPHA_STATISTICS + ("head",))}
     for (attention, statistic, layer, head), points in sorted(
         series.items(),
         key=lambda item: (order[item[0][0]], order[item[0][1]], item[0][2] or 0, item[0][3] or 0),
@@ -138,7 +129,7 @@ def read_tensorboard(logdir):
         records = [
             (event.step, key, float(event.value))
             for key in accumulator.Tags().get("scalars", [])
-            if _parse_alpha_key(key) is not None
+            if parse_alpha_metric_name(key) is not None
             for event in accumulator.Scalars(key)
         ]
         trajectories = _collect(records)
