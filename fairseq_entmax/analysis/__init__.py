@@ -1,11 +1,13 @@
 """What the attention heads of fairseq checkpoints learned: learned alpha, density, head
 diversity, positional and BPE-merging heads (the analyses of Correia et al., 2019).
 
-`analyze(paths, data, output_dir, ...)` is the Python entry point; the console script
+`analyze(paths, data, output_dir, ...)` is the Python entry point, its options an
+AnalysisOptions (or the same as keyword arguments); the console script
 `fairseq-entmax-analyze` (fairseq_entmax.analysis.cli) calls it. Importing this package imports
 fairseq (through fairseq_entmax, which registers the models when fairseq is installed); the
 metrics of `fairseq_entmax.analysis.metrics` themselves are plain torch.
 """
+from fairseq_entmax.analysis.options import AnalysisOptions
 from fairseq_entmax.analysis.pipeline import analyze
 
-__all__ = ["analyze"]
+__all__ = ["AnalysisOptions", "analyze"]

@@ -10,6 +10,7 @@ import logging
 import sys
 
 from fairseq_entmax import USER_DIR
+from fairseq_entmax.analysis.options import AnalysisOptions
 
 
 def build_parser():
@@ -53,26 +54,34 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    if args.num_sentences is not None and args.num_sentences < 1:
-        build_parser().error("--num-sentences must be at least 1")
-    for name in ("positional_threshold", "bpe_threshold"):
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            build_parser().error(f"--{name.replace('_', '-')} must be between 0 and 1")
+    """The console script fairseq-entmax-analyze.
+
+    Args:
+        argv: the command-line arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0, or 2 when an input is bad (the message, on stderr, says what to fix).
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = AnalysisOptions(
+            subset=args.subset, user_dir=args.user_dir, num_sentences=args.num_sentences,
+            max_tokens=args.max_tokens, batch_size=args.batch_size, sentence_id=args.sentence_id,
+            positional_threshold=args.positional_threshold, bpe_threshold=args.bpe_threshold,
+            device="cpu" if args.cpu else None, figures=not args.no_figures,
+        )
+    except ValueError as error:
+        parser.error(str(error))
     logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout, force=True,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout,
+        force=True,
     )
     from fairseq_entmax.analysis.pipeline import analyze
     from fairseq_entmax.checkpoint_safety import UnsafeCheckpointError
 
     try:
-        analyze(
-            args.path, args.data, args.output_dir, subset=args.subset, user_dir=args.user_dir, names=args.name,
-            train_logs=args.train_log, num_sentences=args.num_sentences, max_tokens=args.max_tokens,
-            batch_size=args.batch_size, sentence_id=args.sentence_id,
-            positional_threshold=args.positional_threshold, bpe_threshold=args.bpe_threshold,
-            device="cpu" if args.cpu else None, figures=not args.no_figures,
-        )
+        analyze(args.path, args.data, args.output_dir, options=options, names=args.name, train_logs=args.train_log)
     except (FileNotFoundError, ValueError, UnsafeCheckpointError) as error:
         print(f"fairseq-entmax-analyze: error: {error}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 """analyze(): checkpoints in, analysis.json + CSV tables + PNG figures out."""
+import dataclasses
 import logging
 from pathlib import Path
 
-from fairseq_entmax import USER_DIR
+from fairseq_entmax.analysis.options import AnalysisOptions
 from fairseq_entmax.analysis.report import file_label, write_json, write_tables
 from fairseq_entmax.analysis.runner import analyse_checkpoint, model_name
 
@@ -14,23 +15,34 @@ logger = logging.getLogger(__name__)
 MANIFEST = "written_files.txt"
 
 
-def analyze(
-    paths, data, output_dir, subset="valid", user_dir=USER_DIR, names=None, train_logs=None,
-    num_sentences=None, max_tokens=4000, batch_size=None, sentence_id=0, positional_threshold=0.9,
-    bpe_threshold=0.5, device=None, figures=True, progress=True,
-):
-    """Analyse the attention of one or more fairseq checkpoints on `subset` of the data-bin `data`.
+def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=None, **option_values):
+    """Analyse the attention of one or more fairseq checkpoints on a subset of a data-bin.
 
-    paths: checkpoint files (several to compare models); names: a label per path (default: the
-    checkpoint's directory); train_logs: per path, a training log file or tensorboard log
-    directory to read alpha trajectories and the validation learning curve from, or None / "auto"
-    for the --tensorboard-logdir / --log-file recorded in the checkpoint when it still exists
-    (learning_curves.png averages the models whose names differ only by a -seed<N>/_seed<N>
-    ending). num_sentences: analyse only the first N sentences
-    of the subset. sentence_id: the sentence whose per-head attention maps are drawn.
-    Writes analysis.json, the CSV tables and the figures into output_dir and returns the
-    analysis.json content.
+    Args:
+        paths: checkpoint files (several to compare models).
+        data: the fairseq data-bin the models were trained on.
+        output_dir: where analysis.json, the CSV tables and the figures are written.
+        options: an AnalysisOptions (subset, num_sentences, max_tokens, batch_size,
+            sentence_id, thresholds, device, figures, progress, user_dir); default: the
+            defaults, with option_values.
+        names: a label per path (default: the checkpoint's directory).
+        train_logs: per path, a training log file or tensorboard log directory to read alpha
+            trajectories and the validation learning curve from, or None / "auto" for the
+            --tensorboard-logdir / --log-file recorded in the checkpoint when it still exists
+            (learning_curves.png averages the models whose names differ only by a
+            -seed<N>/_seed<N> ending).
+        **option_values: AnalysisOptions attributes, e.g. subset="valid", num_sentences=1000,
+            replacing those of `options`.
+
+    Returns:
+        The content of analysis.json, as a dict.
+
+    Raises:
+        FileNotFoundError, ValueError: for a bad input, before the first model is loaded
+            (see _check_inputs), or for a checkpoint that cannot be loaded.
     """
+    options = dataclasses.replace(options or AnalysisOptions(), **option_values)
+    subset = options.subset
     paths = [str(p) for p in paths]
     _check_inputs(paths, data, subset, names, train_logs)
     if names is None:
@@ -49,22 +61,19 @@ def analyze(
         name = names[index]
         logger.info("analysing %s (%s) on subset %s", name, path, subset)
         result = analyse_checkpoint(
-            path, data, subset=subset, user_dir=user_dir, name=name, num_sentences=num_sentences,
-            max_tokens=max_tokens, batch_size=batch_size, sentence_id=sentence_id,
+            path, data, options, name=name,
             train_log=train_logs[index] if train_logs and train_logs[index] != "auto" else None,
-            positional_threshold=positional_threshold, bpe_threshold=bpe_threshold, device=device,
-            progress=progress,
         )
         maps.append(result.pop("_attention_maps"))
         models.append(result)
 
     analysis = {
-        "data": str(data), "subset": subset, "sentence_id": sentence_id,
-        "positional_threshold": positional_threshold, "bpe_threshold": bpe_threshold,
+        "data": str(data), "subset": subset, "sentence_id": options.sentence_id,
+        "positional_threshold": options.positional_threshold, "bpe_threshold": options.bpe_threshold,
         "models": models,
     }
     written = [write_json(analysis, output_dir)] + write_tables(models, output_dir)
-    if figures:
+    if options.figures:
         from fairseq_entmax.analysis.plots import write_figures
 
         written += write_figures(models, maps, output_dir)

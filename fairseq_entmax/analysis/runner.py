@@ -90,18 +90,28 @@ def model_name(path, taken):
     return name
 
 
-def analyse_checkpoint(
-    path, data, subset="valid", user_dir=USER_DIR, name=None, num_sentences=None,
-    max_tokens=4000, batch_size=None, sentence_id=0, train_log=None, positional_threshold=0.9,
-    bpe_threshold=0.5, device=None, progress=True,
-):
-    """Analyse one checkpoint. Returns its entry of analysis.json plus, under the key
-    "_attention_maps", the chosen sentence's attention (for the figures; not serialised)."""
+def analyse_checkpoint(path, data, options, name=None, train_log=None):
+    """Analyse one checkpoint.
+
+    Args:
+        path: the checkpoint file.
+        data: the fairseq data-bin its model was trained on.
+        options: the AnalysisOptions (subset, batches, thresholds, device, ...).
+        name: the model's label in the results (default: `path`).
+        train_log: a training log file or tensorboard log directory to read alpha
+            trajectories and the validation curve from; None: the --tensorboard-logdir or
+            --log-file the checkpoint recorded, if it still exists.
+
+    Returns:
+        The checkpoint's entry of analysis.json, plus under the key "_attention_maps" the
+        chosen sentence's attention (for the figures; not serialised).
+    """
     from fairseq import utils
     from fairseq.logging import progress_bar
 
-    model, cfg, task = load_checkpoint(path, data, user_dir)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    subset, sentence_id = options.subset, options.sentence_id
+    model, cfg, task = load_checkpoint(path, data, options.user_dir)
+    device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device).eval()
     sites = attention_sites(model)
     task.load_dataset(subset)
@@ -112,7 +122,9 @@ def analyse_checkpoint(
     target_continues = _continuation_table(tgt_dict).to(device)
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-    batches = _first_sentences_in_batches(dataset, num_sentences, max_positions, max_tokens, batch_size)
+    batches = _first_sentences_in_batches(
+        dataset, options.num_sentences, max_positions, options.max_tokens, options.batch_size,
+    )
     if len(batches) == 0:
         raise ValueError(f"subset {subset!r} of {data} gives no sentences to analyse")
 
@@ -139,7 +151,7 @@ def analyse_checkpoint(
     label = name or str(path)
     # fairseq's progress bar: tqdm on a terminal, a log line every tenth of the batches otherwise
     bar = progress_bar.progress_bar(
-        batches, log_format=None if progress else "none", log_interval=max(1, len(batches) // 10),
+        batches, log_format=None if options.progress else "none", log_interval=max(1, len(batches) // 10),
         prefix=f"analysing {label}", default_log_format="tqdm",
     )
     with torch.no_grad(), capture_attention(sites, receive):
@@ -165,7 +177,7 @@ def analyse_checkpoint(
     if sentence_id is not None and maps["sentence_id"] is None:
         logger.warning("sentence %d is not among the %d analysed sentences: no attention maps drawn",
                        sentence_id, n_sentences)
-    result = _summarise(sites, statistics, positional_threshold, bpe_threshold)
+    result = _summarise(sites, statistics, options.positional_threshold, options.bpe_threshold)
     result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
     result["validation_curve"] = _validation_curve(cfg, train_log)

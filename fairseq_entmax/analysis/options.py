@@ -1,0 +1,54 @@
+"""The options of an analysis, in one object checked once.
+
+The command line (cli.py) and the Python entry point (pipeline.analyze) build an
+AnalysisOptions; the runner reads it for every checkpoint. Its checks are the only ones of
+these values, so a bad value is refused the same way from both.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from fairseq_entmax import USER_DIR
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """How checkpoints are analysed: the same for every checkpoint of one analysis.
+
+    Attributes:
+        subset: the data subset to run over (fairseq's --gen-subset).
+        user_dir: the fairseq --user-dir the models need (default: this package).
+        num_sentences: analyse only the first N sentences (lines) of the subset; None: all.
+        max_tokens: tokens per batch (fairseq's --max-tokens); None: no limit.
+        batch_size: sentences per batch; None: limited by max_tokens only.
+        sentence_id: the sentence (0-based line) whose attention maps are drawn.
+        positional_threshold: heads with an average weight at least this on the previous or
+            next token are listed as positional.
+        bpe_threshold: heads with an average weight at least this on the other pieces of the
+            current word are listed as BPE-merging.
+        device: "cpu", "cuda", ...; None: the GPU when there is one.
+        figures: draw the PNG figures (else analysis.json and the tables only).
+        progress: show fairseq's progress bar.
+
+    Raises:
+        ValueError: on construction, for num_sentences < 1 or a threshold outside [0, 1],
+            naming the command-line option.
+    """
+
+    subset: str = "valid"
+    user_dir: Optional[str] = USER_DIR
+    num_sentences: Optional[int] = None
+    max_tokens: Optional[int] = 4000
+    batch_size: Optional[int] = None
+    sentence_id: Optional[int] = 0
+    positional_threshold: float = 0.9
+    bpe_threshold: float = 0.5
+    device: Optional[str] = None
+    figures: bool = True
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.num_sentences is not None and self.num_sentences < 1:
+            raise ValueError("--num-sentences must be at least 1")
+        for name in ("positional_threshold", "bpe_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be between 0 and 1")
