@@ -1,12 +1,14 @@
 """Checkpoints on torch >= 2.6 (weights_only=True stays on): fairseq's commands and hub
 interface load ours. (A checkpoint carrying a payload that would run code is refused wherever
-a checkpoint is read: test_checkpoint_refusal.py.)"""
+a checkpoint is read: test_checkpoint_refusal.py.) The sparse attention state carries a
+version, so that a later change of what it stores still loads older checkpoints."""
 import os
 import subprocess
 import sys
 import zipfile
 
 import numpy as np
+import pytest
 import torch
 
 from helpers import USER_DIR, fairseq_command, run
@@ -57,3 +59,76 @@ def test_hub_interface_translates_with_our_user_dir(trained_model, tiny_data):
     assert class_name == "AdaptivelySparseTransformerModel"
     words = translation.split()
     assert words and all(w.startswith("t") and w[1:].isdigit() for w in words)
+
+
+def _alpha_keys(state_dict):
+    return sorted(key for key in state_dict if key.endswith(".alpha_logit"))
+
+
+def _load(checkpoint, data_bin):
+    from fairseq import checkpoint_utils
+
+    (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data_bin)})
+    return model
+
+
+def test_fairseq_train_writes_the_version_of_the_sparse_attention_state(trained_model):
+    """Every module with a learned alpha stores its state's version next to alpha_logit;
+    modules without one store exactly what fairseq's MultiheadAttention stores."""
+    from fairseq_entmax.modules.sparse_multihead_attention import STATE_VERSION, STATE_VERSION_KEY
+
+    state = torch.load(trained_model("alpha_entmax").checkpoint, weights_only=True)["model"]
+    alpha_keys = _alpha_keys(state)
+    assert len(alpha_keys) == 6  # 2 encoder self, 2 decoder self, 2 cross
+    for key in alpha_keys:
+        version_key = key[: -len("alpha_logit")] + STATE_VERSION_KEY
+        assert state[version_key].tolist() == [STATE_VERSION], version_key
+    softmax_state = torch.load(trained_model("softmax").checkpoint, weights_only=True)["model"]
+    assert not any(STATE_VERSION_KEY in key or "alpha_logit" in key for key in softmax_state)
+
+
+def test_a_checkpoint_saved_before_the_version_key_loads_as_version_1(trained_model, tmp_path):
+    """Checkpoints written before the version key existed hold alpha_logit alone: they load
+    with their alphas, and the loaded model writes the key."""
+    from fairseq_entmax.models import sparse_attention_modules
+    from fairseq_entmax.modules.sparse_multihead_attention import STATE_VERSION_KEY
+
+    model = trained_model("alpha_entmax")
+    state = torch.load(model.checkpoint, weights_only=True)
+    state["model"] = {k: v for k, v in state["model"].items() if not k.endswith(STATE_VERSION_KEY)}
+    old = tmp_path / "checkpoint_without_version.pt"
+    torch.save(state, old)
+
+    loaded = _load(old, model.data_bin)
+    for key in _alpha_keys(state["model"]):
+        assert torch.equal(loaded.state_dict()[key], state["model"][key]), key
+    assert len(list(sparse_attention_modules(loaded))) == 6
+    written = loaded.state_dict()
+    for key in _alpha_keys(written):
+        assert written[key[: -len("alpha_logit")] + STATE_VERSION_KEY].tolist() == [1], key
+
+
+def test_an_old_version_goes_through_the_upgrades_and_a_newer_one_is_refused(trained_model, tmp_path, monkeypatch):
+    """The path a later change of storage takes: with STATE_VERSION 2, a version 1 checkpoint
+    passes through the upgrade registered under 1, once per module with a learned alpha."""
+    from fairseq_entmax.modules import sparse_multihead_attention as attention_module
+
+    model = trained_model("alpha_entmax")
+    upgraded = []
+    monkeypatch.setattr(attention_module, "STATE_VERSION", 2)
+    monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {1: lambda state_dict, prefix: upgraded.append(prefix)})
+    _load(model.checkpoint, model.data_bin)
+    assert sorted(upgraded) == sorted(key[: -len("alpha_logit")] for key in _alpha_keys(
+        torch.load(model.checkpoint, weights_only=True)["model"]))
+
+    monkeypatch.setattr(attention_module, "STATE_VERSION", 1)
+    monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {})
+    state = torch.load(model.checkpoint, weights_only=True)
+    for key in list(state["model"]):
+        if key.endswith(attention_module.STATE_VERSION_KEY):
+            state["model"][key] = torch.tensor([2])
+    newer = tmp_path / "checkpoint_newer.pt"
+    torch.save(state, newer)
+    with pytest.raises(ValueError, match="saved by a newer fairseq-entmax"):
+        _load(newer, model.data_bin)

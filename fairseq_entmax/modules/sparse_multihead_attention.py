@@ -8,6 +8,14 @@ from torch import nn
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import normalizer_entry
 
+# Version of what this module stores beyond fairseq's MultiheadAttention: the learned
+# `alpha_logit`. A checkpoint without the version key predates it and is version 1.
+# Changing how alpha is stored means raising STATE_VERSION and adding, under the old
+# version, a function that rewrites such a state dict in place (see upgrade_state_dict_named).
+STATE_VERSION = 1
+STATE_VERSION_KEY = "sparse_attention_version"
+_STATE_UPGRADES = {}  # {version: fn(state_dict, prefix)} rewriting version into version + 1
+
 # --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
 _MAX_SIGMOID = 1.0 - 1e-6
 
@@ -101,6 +109,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             else:
                 initial = torch.full((num_heads,), alpha_logit_for(float(alpha_init)))
             self.alpha_logit = nn.Parameter(initial)
+            # Written into every checkpoint with alpha_logit (see STATE_VERSION).
+            self.register_buffer(STATE_VERSION_KEY, torch.tensor([STATE_VERSION]))
         else:
             self.alpha_logit = None
 
@@ -146,6 +156,36 @@ class SparseMultiheadAttention(MultiheadAttention):
             masked row).
         """
         return self._normalize(self, scores)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Bring what this module stores in a state dict to the current STATE_VERSION.
+
+        fairseq calls this on every module before a model loads a state dict. Modules
+        without a learned alpha store nothing of their own (their keys are those of
+        fairseq's MultiheadAttention) and are left as fairseq leaves them.
+
+        Args:
+            state_dict: the model's state dict, changed in place.
+            name: this module's name in the model, e.g. "encoder.layers.0.self_attn".
+
+        Raises:
+            ValueError: if the state dict was written by a newer version of this package.
+        """
+        super().upgrade_state_dict_named(state_dict, name)
+        if self.alpha_logit is None:
+            return
+        prefix = f"{name}." if name else ""
+        key = prefix + STATE_VERSION_KEY
+        version = int(state_dict[key].reshape(-1)[0]) if key in state_dict else 1
+        if version > STATE_VERSION:
+            raise ValueError(
+                f"{key} is {version}: the checkpoint was saved by a newer fairseq-entmax, which "
+                f"stores its attention differently (this one reads up to version {STATE_VERSION}); "
+                f"upgrade fairseq-entmax to load it"
+            )
+        for old_version in range(version, STATE_VERSION):
+            _STATE_UPGRADES[old_version](state_dict, prefix)
+        state_dict[key] = torch.tensor([STATE_VERSION])
 
     def forward(
         self,
