@@ -7,6 +7,9 @@ fairseq load checkpoints with torch's safe (weights_only) unpickler and makes it
 package still imports, and fairseq_entmax.modules / fairseq_entmax.models raise an
 ImportError that says how to install it.
 """
+
+__version__ = "0.1.0"
+
 from pathlib import Path
 
 from fairseq_entmax import normalizers  # noqa: F401
