@@ -86,10 +86,11 @@ def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
         attention_heads: heads of every attention.
 
     Returns:
-        A list of strings: --encoder-layers N --decoder-layers N --encoder-embed-dim D ...,
-        in the order of MODEL_SIZE_OPTIONS.
+        A list: --encoder-layers N --decoder-layers N --encoder-embed-dim D ..., in the order
+        of MODEL_SIZE_OPTIONS, each value as given (str() them for a command line, as
+        subprocess runners do; kept as given so that recorded settings do not change type).
     """
     arguments = []
     for option, value in zip(MODEL_SIZE_OPTIONS, (layers, embed_dim, ffn_embed_dim, attention_heads)):
-        arguments += [f"--encoder-{option}", str(value), f"--decoder-{option}", str(value)]
+        arguments += [f"--encoder-{option}", value, f"--decoder-{option}", value]
     return arguments
