@@ -1,14 +1,16 @@
 """The results table: one row per model, as Markdown that reads as plain text too."""
 import math
 
-from .training import ATTENTION_TYPES
-
 _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
 
 
 def format_table(rows, bleu_tok=False):
     """rows: dicts with model, bleu, chrf, [bleu_tok], density, alpha, train_seconds.
     A Markdown table, readable as plain text too."""
+    # Imported here: importing fairseq_entmax imports fairseq (seconds), which the stages
+    # that only check what is done do not need.
+    from fairseq_entmax.names import ATTENTION_TYPES
+
     header = ["model"] + (["tok BLEU"] if bleu_tok else []) + ["BLEU", "chrF"]
     header += [f"density {_SHORT[t]}" for t in ATTENTION_TYPES]
     header += [f"alpha {_SHORT[t]} mean (min-max)" for t in ATTENTION_TYPES]

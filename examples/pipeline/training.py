@@ -11,9 +11,6 @@ from .markers import done_with, is_done, mark_done, read_done
 from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
 
 VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
-# fairseq_entmax.modules.ATTENTION_TYPES, copied: importing it imports fairseq, which the
-# pipeline's marker checks and tables do not need (tests/test_recipes.py checks they agree).
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
 
 @dataclass
@@ -63,6 +60,10 @@ def variant_args(variant, topk):
 
 def _progress_line(label, max_update):
     """Turn fairseq's log lines into one short progress line per log interval / epoch."""
+    # Imported here: importing fairseq_entmax imports fairseq (seconds), which the stages
+    # that train nothing do not need.
+    from fairseq_entmax.names import ATTENTION_TYPES, alpha_metric_name
+
     number = r"([-+0-9.e]+)"
 
     def show(line):
@@ -80,7 +81,8 @@ def _progress_line(label, max_update):
             parts.append(f"update {fields['num_updates']}/{max_update}")
         if "loss" in fields:
             parts.append(f"loss {float(fields['loss']):.3f}")
-        alphas = [f"alpha {t} {float(fields[f'alpha_{t}_mean']):.2f}" for t in ATTENTION_TYPES if f"alpha_{t}_mean" in fields]
+        alphas = [f"alpha {t} {float(fields[alpha_metric_name(t, 'mean')]):.2f}"
+                  for t in ATTENTION_TYPES if alpha_metric_name(t, "mean") in fields]
         return "  ".join(parts + alphas)
 
     return show

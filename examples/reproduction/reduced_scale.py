@@ -107,15 +107,14 @@ def _take_lines(in_path, out_path, n):
 
 def budget_settings(budget):
     """The TrainSettings of a budget (after the command line's overrides)."""
+    from fairseq_entmax.names import model_size_args  # imports fairseq: only when training
+
     return TrainSettings(
         arch="adaptively_sparse_transformer", max_update=budget["max_update"], max_tokens=budget["max_tokens"],
         lr=budget["lr"], warmup_updates=budget["warmup"], dropout=budget["dropout"], topk=8,
         keep_last_epochs=budget["average"], patience=budget["patience"], log_interval=100,
         **budget["architecture"],
-        model_args=["--encoder-layers", budget["layers"], "--decoder-layers", budget["layers"],
-                    "--encoder-embed-dim", budget["dim"], "--decoder-embed-dim", budget["dim"],
-                    "--encoder-ffn-embed-dim", budget["ffn"], "--decoder-ffn-embed-dim", budget["ffn"],
-                    "--encoder-attention-heads", budget["heads"], "--decoder-attention-heads", budget["heads"]],
+        model_args=model_size_args(budget["layers"], budget["dim"], budget["ffn"], budget["heads"]),
     )
 
 
