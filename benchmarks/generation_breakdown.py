@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from fairseq_entmax import USER_DIR
-from fairseq_entmax.modules.sparse_multihead_attention import ATTENTION_TYPES, SparseMultiheadAttention
+from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_entmax.names import ATTENTION_TYPES
 
 
 def measure(data_bin, checkpoint, length, device):

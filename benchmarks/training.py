@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from fairseq_entmax import USER_DIR
+from fairseq_entmax.names import model_size_args
 
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
@@ -69,10 +70,7 @@ SETTINGS = {
     ),
     "long-small": dict(
         base_arch="transformer",
-        size=["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
-              "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
-              "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "8",
-              "--decoder-attention-heads", "8"],
+        size=model_size_args(layers=2, embed_dim=128, ffn_embed_dim=256, attention_heads=8),
         join_lines=8, max_tokens=4096, gen_len=60, gen_sentences=160,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
