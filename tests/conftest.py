@@ -16,6 +16,35 @@ import pytest
 
 from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
 
+# Tests marked `slow` (deselected by `make test-fast`, i.e. `pytest -m "not slow"`): every test
+# that needs the session corpus or models below, directly or through a fixture of its own; every
+# test of the modules that train or run commands without them (fairseq-train and the other
+# fairseq commands, recipes, the quickstart, the reproduction, torch.compile); and the few other
+# tests that take seconds each (all their parameters; together ~3 of the 4.5 minutes measured).
+SLOW_FIXTURES = {"tiny_data", "tiny_model_args", "trained_model"}
+SLOW_MODULE_PREFIXES = ("test_fairseq_",)
+SLOW_MODULES = {
+    "test_checkpoint_refusal", "test_evaluation_batches", "test_long_inputs", "test_normalizers_compile",
+    "test_quickstart", "test_recipes", "test_reproduction",
+}
+SLOW_TESTS = {
+    "test_attention_layer_edges::test_incremental_beam_decoding_equals_the_full_forward",
+    "test_normalizers_api::test_first_alpha_entmax_call_imports_nothing_heavy",  # a fresh Python imports torch
+    "test_normalizers_entmax_package::test_float32_attention_rows_agree_with_float64_reference",
+    "test_normalizers_sync_free::test_fixed_passes_reach_documented_accuracy_on_adversarial_rows",
+    "test_normalizers_sync_free::test_sorted_thresholds_reach_documented_accuracy_on_adversarial_rows",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        name = f"{module}::{getattr(item, 'originalname', item.name)}"
+        if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or module in SLOW_MODULES
+                or module.startswith(SLOW_MODULE_PREFIXES) or name in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "requires(available, reason): needs something a machine may lack (../shared/data, the entmax "
