@@ -13,19 +13,24 @@ STAMP := $(VENV)/.setup-done
 # start-up, audio_classification among them, which imports sklearn).
 FAIRSEQ := fairseq-fixed==0.12.3.1
 FAIRSEQ_RUNTIME := hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu tqdm numpy cffi cython scikit-learn
-TOOLS := sacrebleu subword-nmt sacremoses matplotlib tensorboardX tensorboard
+# tensorboardX: fairseq's fallback writer for --tensorboard-logdir (torch.utils.tensorboard first).
+TOOLS := tensorboardX
+# This package's extras (pyproject.toml): dev = test (analysis, examples, pytest, hypothesis,
+# entmax) + ruff.
+EXTRAS := dev
+RUFF := $(VENV)/bin/ruff
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast lint format bench clean
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install cython numpy setuptools wheel $(FAIRSEQ_RUNTIME) $(TOOLS)
 	$(PY) -c "import fairseq" 2>/dev/null || $(PIP) install --no-build-isolation --no-deps $(FAIRSEQ)
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 demo: setup
@@ -34,8 +39,22 @@ demo: setup
 test: setup
 	$(PY) -m pytest tests -q
 
+# The inner loop: every test not marked slow (the slow ones train through fairseq-train or
+# run a recipe; tests/conftest.py says which): about a minute of CPU time.
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow"
+
+# ruff's linter and formatter, configured in pyproject.toml; `lint` changes nothing.
+lint: setup
+	$(RUFF) check .
+	$(RUFF) format --check .
+
+format: setup
+	$(RUFF) check --fix-only .
+	$(RUFF) format .
+
 bench: setup
 	$(PY) benchmarks/normalizers.py --rounds 5 --threads 1
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
