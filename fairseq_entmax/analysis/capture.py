@@ -33,9 +33,11 @@ class AttentionSite:
         return getattr(self.module, "normalizer_name", "softmax")
 
     def head_alpha(self):
-        """Each head's alpha as a list of floats, or None (top-k has no alpha).
+        """Each head's alpha.
 
-        Modules that are not ours are softmax: alpha 1.
+        Returns:
+            A list of floats, one per head, from the module's head_alpha(); None for top-k,
+            which has no alpha. Modules that are not ours are softmax: alpha 1.
         """
         if not hasattr(self.module, "head_alpha"):
             return [normalizer_entry("softmax").fixed_alpha] * self.num_heads

@@ -83,7 +83,15 @@ def alpha_heatmap(model, output_dir):
 
 def alpha_histogram(models, output_dir):
     """Distribution of the learned alphas per attention type (the paper's histogram); models with
-    a fixed alpha are drawn as vertical lines. None when no model has an alpha."""
+    a fixed alpha are drawn as vertical lines.
+
+    Args:
+        models: the models' entries of analysis.json.
+        output_dir: where alpha_histogram.png is written.
+
+    Returns:
+        The path of the figure, or None when no model has an alpha.
+    """
     types = [t for t in _types(models) if any(
         r["alpha"] is not None for m in models for r in m["alpha"] if r["attention"] == t)]
     if not types:

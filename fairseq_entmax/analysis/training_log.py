@@ -116,7 +116,15 @@ def read_log_file(path):
 
 
 def read_tensorboard(logdir):
-    """Alpha trajectories from a fairseq --tensorboard-logdir (its train_inner/train/valid runs)."""
+    """Alpha trajectories from a fairseq --tensorboard-logdir.
+
+    Args:
+        logdir: the --tensorboard-logdir; its train_inner, train and valid runs are read, the
+            first that has alpha metrics wins.
+
+    Returns:
+        The trajectories (see the module's docstring), [] when no run has alpha metrics.
+    """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logdir = Path(logdir)
