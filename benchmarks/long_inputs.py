@@ -36,6 +36,7 @@ them).
     python benchmarks/long_inputs.py --device cuda        # on a GPU
     python benchmarks/long_inputs.py --settings layer --rounds 1   # quick look
 """
+
 import argparse
 import json
 import os
@@ -53,15 +54,36 @@ NORMALIZERS = ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"]
 ROWS = [("fairseq's MultiheadAttention (softmax)", None)] + [(name, name) for name in NORMALIZERS]
 TOKENS = 1024
 SETTINGS = {
-    "layer": dict(batch=4, embed_dim=512, heads=8,
-                  about="one encoder self-attention layer, d=512, 8 heads, 4 x 1,024 tokens"),
-    "model": dict(batch=2, vocab=1000,
-                  size=["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
-                        "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "256",
-                        "--decoder-ffn-embed-dim", "256", "--encoder-attention-heads", "8",
-                        "--decoder-attention-heads", "8", "--share-all-embeddings", "--dropout", "0"],
-                  about="adaptively_sparse_transformer 2+2 layers, d=128, 8 heads, 2 pairs of 1,024 + 1,024 "
-                        "tokens, cross-entropy loss"),
+    "layer": dict(
+        batch=4, embed_dim=512, heads=8, about="one encoder self-attention layer, d=512, 8 heads, 4 x 1,024 tokens"
+    ),
+    "model": dict(
+        batch=2,
+        vocab=1000,
+        size=[
+            "--encoder-layers",
+            "2",
+            "--decoder-layers",
+            "2",
+            "--encoder-embed-dim",
+            "128",
+            "--decoder-embed-dim",
+            "128",
+            "--encoder-ffn-embed-dim",
+            "256",
+            "--decoder-ffn-embed-dim",
+            "256",
+            "--encoder-attention-heads",
+            "8",
+            "--decoder-attention-heads",
+            "8",
+            "--share-all-embeddings",
+            "--dropout",
+            "0",
+        ],
+        about="adaptively_sparse_transformer 2+2 layers, d=128, 8 heads, 2 pairs of 1,024 + 1,024 "
+        "tokens, cross-entropy loss",
+    ),
 }
 
 
@@ -92,8 +114,9 @@ def layer_step(normalizer, device, setting):
     if normalizer is None:
         layer = MultiheadAttention(dim, heads, self_attention=True)
     else:
-        layer = SparseMultiheadAttention(dim, heads, attention_type="encoder_self", normalizer_name=normalizer,
-                                         self_attention=True)
+        layer = SparseMultiheadAttention(
+            dim, heads, attention_type="encoder_self", normalizer_name=normalizer, self_attention=True
+        )
     layer = layer.to(device).train()
     x = torch.randn(TOKENS, setting["batch"], dim, device=device, requires_grad=True)
     upstream = torch.randn(TOKENS, setting["batch"], dim, device=device)
@@ -117,11 +140,27 @@ def model_step(normalizer, device, setting):
 
     from fairseq_entmax import USER_DIR
 
-    arch = ["--arch", "transformer"] if normalizer is None else [
-        "--arch", "adaptively_sparse_transformer", "--attention-normalizer", normalizer]
-    args = options.parse_args_and_arch(options.get_training_parser(), [
-        "unused-data-dir", "--user-dir", USER_DIR, "--task", "translation", *arch, *setting["size"],
-        "--max-source-positions", "2048", "--max-target-positions", "2048"])
+    arch = (
+        ["--arch", "transformer"]
+        if normalizer is None
+        else ["--arch", "adaptively_sparse_transformer", "--attention-normalizer", normalizer]
+    )
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            "unused-data-dir",
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation",
+            *arch,
+            *setting["size"],
+            "--max-source-positions",
+            "2048",
+            "--max-target-positions",
+            "2048",
+        ],
+    )
     dictionary = Dictionary()
     for i in range(setting["vocab"] - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
@@ -169,8 +208,7 @@ def worker(setting_name, normalizer, device_name, threads):
 
 
 def measure(setting_name, normalizer, args):
-    command = [sys.executable, __file__, "--worker", setting_name, normalizer or "fairseq",
-               "--device", args.device]
+    command = [sys.executable, __file__, "--worker", setting_name, normalizer or "fairseq", "--device", args.device]
     if args.threads:
         command += ["--threads", str(args.threads)]
     proc = subprocess.run(command, capture_output=True, text=True)
@@ -194,8 +232,10 @@ def machine(device):
 
 def table(results, device):
     cpu = device == "cpu"
-    lines = ["| attention | peak MiB | / fairseq's | / softmax |" + (" process MiB |" if cpu else ""),
-             "|---|---|---|---|" + ("---|" if cpu else "")]
+    lines = [
+        "| attention | peak MiB | / fairseq's | / softmax |" + (" process MiB |" if cpu else ""),
+        "|---|---|---|---|" + ("---|" if cpu else ""),
+    ]
     fairseq, softmax = results[ROWS[0][0]]["peak_mib"], results["softmax"]["peak_mib"]
     for label, _ in ROWS:
         peak = results[label]["peak_mib"]
@@ -227,12 +267,19 @@ def main():
         for round_ in range(args.rounds):
             for label, normalizer in ROWS:
                 runs[label].append(measure(setting_name, normalizer, args))
-                print(f"[{setting_name} round {round_ + 1}/{args.rounds}] {label}: {runs[label][-1]}",
-                      file=sys.stderr, flush=True)
-        results = {label: {key: (statistics.median(r[key] for r in rs) if rs[0][key] is not None else None)
-                           for key in rs[0]} for label, rs in runs.items()}
-        print(f"\n### {setting_name}: {SETTINGS[setting_name]['about']}; forward+backward, float32, "
-              f"{args.device}; median of {args.rounds} processes\n")
+                print(
+                    f"[{setting_name} round {round_ + 1}/{args.rounds}] {label}: {runs[label][-1]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        results = {
+            label: {key: (statistics.median(r[key] for r in rs) if rs[0][key] is not None else None) for key in rs[0]}
+            for label, rs in runs.items()
+        }
+        print(
+            f"\n### {setting_name}: {SETTINGS[setting_name]['about']}; forward+backward, float32, "
+            f"{args.device}; median of {args.rounds} processes\n"
+        )
         print(table(results, args.device), flush=True)
 
 

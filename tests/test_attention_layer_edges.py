@@ -10,6 +10,7 @@ mode, scores from flat (all equal: ties) to sharply peaked.
   incremental state reordered between steps as beam search reorders it, equals the full
   forward over the hypotheses' final histories.
 """
+
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
@@ -40,10 +41,12 @@ def normalizer_options(draw):
     fraction of the keys each query sees)."""
     return dict(
         alpha_init=draw(st.sampled_from(["random", 1.01, 1.5, 2.0])),
-        **draw(st.one_of(
-            st.builds(dict, topk=st.integers(1, 4)),
-            st.builds(dict, topk_fraction=st.sampled_from([0.1, 0.5, 1.0]), topk_min=st.integers(1, 2)),
-        )),
+        **draw(
+            st.one_of(
+                st.builds(dict, topk=st.integers(1, 4)),
+                st.builds(dict, topk_fraction=st.sampled_from([0.1, 0.5, 1.0]), topk_min=st.integers(1, 2)),
+            )
+        ),
     )
 
 
@@ -73,17 +76,33 @@ def padded_batches(draw):
     )
 
 
-def padded_case(self_attention, key_len, query_len, lengths, side="right", training=False, scale=1.0,
-                seed=0, heads=2, options=None):
+def padded_case(
+    self_attention, key_len, query_len, lengths, side="right", training=False, scale=1.0, seed=0, heads=2, options=None
+):
     """A padded_batches value written out, for the @example cases."""
-    return dict(seed=seed, heads=heads, self_attention=self_attention, key_len=key_len, query_len=query_len,
-                lengths=lengths, side=side, training=training, scale=scale, options=options or {})
+    return dict(
+        seed=seed,
+        heads=heads,
+        self_attention=self_attention,
+        key_len=key_len,
+        query_len=query_len,
+        lengths=lengths,
+        side=side,
+        training=training,
+        scale=scale,
+        options=options or {},
+    )
 
 
 def attention(normalizer, attention_type, heads, options, dropout, **kwargs):
     return SparseMultiheadAttention(
-        EMBED_DIM, heads, attention_type=attention_type, normalizer_name=normalizer,
-        dropout=dropout, **options, **kwargs,
+        EMBED_DIM,
+        heads,
+        attention_type=attention_type,
+        normalizer_name=normalizer,
+        dropout=dropout,
+        **options,
+        **kwargs,
     )
 
 
@@ -92,19 +111,29 @@ def attention(normalizer, attention_type, heads, options, dropout, **kwargs):
 @given(case=padded_batches())
 @example(case=padded_case(self_attention=True, key_len=1, query_len=1, lengths=[1]))  # one token, batch 1
 @example(case=padded_case(self_attention=False, key_len=1, query_len=60, lengths=[1, 1, 1], training=True))
-@example(case=padded_case(self_attention=True, key_len=60, query_len=60, lengths=[1, 60], side="left",
-                          scale=30.0, options={"topk": 4}))
+@example(
+    case=padded_case(
+        self_attention=True, key_len=60, query_len=60, lengths=[1, 60], side="left", scale=30.0, options={"topk": 4}
+    )
+)
 def test_padded_keys_get_zero_weight_and_zero_gradient(normalizer, case):
     torch.manual_seed(case["seed"])
     self_attention = case["self_attention"]
     layer = attention(
-        normalizer, "encoder_self" if self_attention else "cross", case["heads"], case["options"], dropout=0.1,
-        self_attention=self_attention, encoder_decoder_attention=not self_attention,
+        normalizer,
+        "encoder_self" if self_attention else "cross",
+        case["heads"],
+        case["options"],
+        dropout=0.1,
+        self_attention=self_attention,
+        encoder_decoder_attention=not self_attention,
     ).train(case["training"])
     padding = padding_mask(case["lengths"], case["key_len"], case["side"])
     batch = padding.size(0)
     keys = (torch.randn(case["key_len"], batch, EMBED_DIM) * case["scale"]).requires_grad_()
-    query = keys if self_attention else (torch.randn(case["query_len"], batch, EMBED_DIM) * case["scale"]).requires_grad_()
+    query = (
+        keys if self_attention else (torch.randn(case["query_len"], batch, EMBED_DIM) * case["scale"]).requires_grad_()
+    )
     out, weights = layer(query, keys, keys, key_padding_mask=padding, need_head_weights=True)
 
     assert weights.shape == (case["heads"], batch, case["query_len"], case["key_len"])
@@ -151,10 +180,36 @@ def beam_searches(draw):
 @pytest.mark.parametrize("normalizer", NORMALIZER_NAMES)
 @settings(max_examples=25, **SETTINGS)
 @given(case=beam_searches())
-@example(case=dict(seed=0, heads=2, sentences=1, beam=1, steps=1, source_lengths=[1], source_len=1, side="left",
-                   training=False, scale=1.0, options={}))
-@example(case=dict(seed=1, heads=4, sentences=2, beam=5, steps=12, source_lengths=[1, 7], source_len=7,
-                   side="left", training=True, scale=4.0, options={"topk_fraction": 0.5}))
+@example(
+    case=dict(
+        seed=0,
+        heads=2,
+        sentences=1,
+        beam=1,
+        steps=1,
+        source_lengths=[1],
+        source_len=1,
+        side="left",
+        training=False,
+        scale=1.0,
+        options={},
+    )
+)
+@example(
+    case=dict(
+        seed=1,
+        heads=4,
+        sentences=2,
+        beam=5,
+        steps=12,
+        source_lengths=[1, 7],
+        source_len=7,
+        side="left",
+        training=True,
+        scale=4.0,
+        options={"topk_fraction": 0.5},
+    )
+)
 def test_incremental_beam_decoding_equals_the_full_forward(normalizer, case):
     """A decoder layer's two attentions: self-attention over the steps so far, then cross
     attention over the padded encoder states. The full forward (causal mask, in the mode of
@@ -185,8 +240,9 @@ def test_incremental_beam_decoding_equals_the_full_forward(normalizer, case):
         for step in range(steps):
             if step > 0:
                 # Beam search keeps, for each hypothesis slot, any hypothesis of the same sentence.
-                new_order = (torch.arange(hypotheses) // beam * beam
-                             + torch.randint(beam, (hypotheses,), generator=generator))
+                new_order = torch.arange(hypotheses) // beam * beam + torch.randint(
+                    beam, (hypotheses,), generator=generator
+                )
                 self_attn.reorder_incremental_state(state, new_order)
                 cross.reorder_incremental_state(state, new_order)
                 history, outputs = history[:, new_order], outputs[:, new_order]
@@ -194,8 +250,15 @@ def test_incremental_beam_decoding_equals_the_full_forward(normalizer, case):
             x = inputs[step : step + 1]
             h, w_self = self_attn(x, x, x, incremental_state=state, need_head_weights=True)
             h = h + x
-            out, w_cross = cross(h, encoder_out, encoder_out, key_padding_mask=encoder_padding,
-                                 incremental_state=state, static_kv=True, need_head_weights=True)
+            out, w_cross = cross(
+                h,
+                encoder_out,
+                encoder_out,
+                key_padding_mask=encoder_padding,
+                incremental_state=state,
+                static_kv=True,
+                need_head_weights=True,
+            )
             history = torch.cat([history, x])
             outputs = torch.cat([outputs, out])
             self_weights[:, :, step, : step + 1] = w_self[:, :, 0]
@@ -207,8 +270,9 @@ def test_incremental_beam_decoding_equals_the_full_forward(normalizer, case):
         causal = torch.full((steps, steps), float("-inf")).triu(1)
         h, full_self_weights = self_attn(history, history, history, attn_mask=causal, need_head_weights=True)
         h = h + history
-        full_out, full_cross_weights = cross(h, encoder_out, encoder_out, key_padding_mask=encoder_padding,
-                                             static_kv=True, need_head_weights=True)
+        full_out, full_cross_weights = cross(
+            h, encoder_out, encoder_out, key_padding_mask=encoder_padding, static_kv=True, need_head_weights=True
+        )
     assert torch.isfinite(outputs).all()
     # Float32 rounding: the two compute the scores in different orders, and a score's rounding
     # grows with its size, i.e. with the square of the scale (measured: at most 1.3e-6 at

@@ -5,6 +5,7 @@ the ranks train on different batches, learned alphas included, and their paramet
 identical. pytorch_ddp runs with fairseq's default --find-unused-parameters off, so a
 parameter that got no gradient in a step (an alpha_logit cut from the graph, say) fails the
 run on the next step."""
+
 import os
 import socket
 import subprocess
@@ -12,8 +13,8 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 
+from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR
 
 # fairseq-train, plus: keep the model's parameters before and after training, the ids of the
@@ -93,18 +94,43 @@ def test_two_gloo_ranks_train_and_stay_identical(tiny_data, tmp_path, ddp_backen
     processes = []
     for rank in range(2):
         command = [
-            sys.executable, wrapper, tmp_path / f"rank{rank}.pt", tiny_data.data_bin,
-            "--user-dir", USER_DIR, *TINY_MODEL_ARGS, *TRAINING_ARGS, *model_args,
-            "--max-update", "6", "--no-save", "--max-tokens", "500",
-            "--distributed-backend", "gloo", "--ddp-backend", ddp_backend,
-            "--distributed-world-size", "2", "--distributed-rank", str(rank),
-            "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-            "--distributed-no-spawn", "--device-id", "0",
+            sys.executable,
+            wrapper,
+            tmp_path / f"rank{rank}.pt",
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *TINY_MODEL_ARGS,
+            *TRAINING_ARGS,
+            *model_args,
+            "--max-update",
+            "6",
+            "--no-save",
+            "--max-tokens",
+            "500",
+            "--distributed-backend",
+            "gloo",
+            "--ddp-backend",
+            ddp_backend,
+            "--distributed-world-size",
+            "2",
+            "--distributed-rank",
+            str(rank),
+            "--distributed-init-method",
+            f"tcp://127.0.0.1:{port}",
+            "--distributed-no-spawn",
+            "--device-id",
+            "0",
         ]
-        processes.append(subprocess.Popen(
-            [str(a) for a in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        ))
+        processes.append(
+            subprocess.Popen(
+                [str(a) for a in command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        )
     outputs = []
     for process in processes:
         try:

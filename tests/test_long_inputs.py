@@ -16,6 +16,7 @@ after the other in a single process: importing fairseq costs 4-8 s a process on 
 more than the work of all eleven commands together. Peak memory is measured by
 benchmarks/long_inputs.py, not here.
 """
+
 import json
 import math
 import random
@@ -59,12 +60,27 @@ for tag, command, args in json.load(open(sys.argv[1])):
 
 # 1+1 layers, width 16, 2 heads: the attention over 1,025 keys is the work.
 LONG_MODEL_ARGS = [
-    "--arch", "adaptively_sparse_transformer",
-    "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--share-all-embeddings", "--dropout", "0",
+    "--arch",
+    "adaptively_sparse_transformer",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--share-all-embeddings",
+    "--dropout",
+    "0",
 ]
 POSITIONS = ["--max-source-positions", "2048", "--max-target-positions", "2048"]
 
@@ -83,26 +99,97 @@ def write_long_corpus(directory, seed=0):
 
 
 def commands(raw, data_bin, work):
-    yield "preprocess", "fairseq-preprocess", [
-        "--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train",
-        "--testpref", raw / "test", "--destdir", data_bin, "--joined-dictionary", "--workers", "1",
-    ]
+    yield (
+        "preprocess",
+        "fairseq-preprocess",
+        [
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            raw / "train",
+            "--testpref",
+            raw / "test",
+            "--destdir",
+            data_bin,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+    )
     for normalizer in NORMALIZER_NAMES:
         save_dir = work / normalizer
-        yield f"train {normalizer}", "fairseq-train", [
-            data_bin, "--user-dir", USER_DIR, *LONG_MODEL_ARGS, "--attention-normalizer", normalizer,
-            *POSITIONS, "--max-tokens", "1100", "--required-batch-size-multiple", "1", "--max-update", "2",
-            "--max-epoch", "2", "--optimizer", "adam", "--lr", "0.001",
-            "--criterion", "label_smoothed_cross_entropy", "--cpu", "--num-workers", "0", "--seed", "1",
-            "--disable-validation", "--save-dir", save_dir, "--no-epoch-checkpoints",
-            "--log-format", "json", "--log-interval", "1", "--no-progress-bar",
-        ]
-        yield f"generate {normalizer}", "fairseq-generate", [
-            data_bin, "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt", *POSITIONS,
-            "--gen-subset", "test", "--beam", "4", "--batch-size", "1", "--required-batch-size-multiple", "1",
-            "--max-len-a", "0",
-            "--max-len-b", str(TARGET_WORDS), "--cpu", "--num-workers", "0", "--results-path", save_dir,
-        ]
+        yield (
+            f"train {normalizer}",
+            "fairseq-train",
+            [
+                data_bin,
+                "--user-dir",
+                USER_DIR,
+                *LONG_MODEL_ARGS,
+                "--attention-normalizer",
+                normalizer,
+                *POSITIONS,
+                "--max-tokens",
+                "1100",
+                "--required-batch-size-multiple",
+                "1",
+                "--max-update",
+                "2",
+                "--max-epoch",
+                "2",
+                "--optimizer",
+                "adam",
+                "--lr",
+                "0.001",
+                "--criterion",
+                "label_smoothed_cross_entropy",
+                "--cpu",
+                "--num-workers",
+                "0",
+                "--seed",
+                "1",
+                "--disable-validation",
+                "--save-dir",
+                save_dir,
+                "--no-epoch-checkpoints",
+                "--log-format",
+                "json",
+                "--log-interval",
+                "1",
+                "--no-progress-bar",
+            ],
+        )
+        yield (
+            f"generate {normalizer}",
+            "fairseq-generate",
+            [
+                data_bin,
+                "--user-dir",
+                USER_DIR,
+                "--path",
+                save_dir / "checkpoint_last.pt",
+                *POSITIONS,
+                "--gen-subset",
+                "test",
+                "--beam",
+                "4",
+                "--batch-size",
+                "1",
+                "--required-batch-size-multiple",
+                "1",
+                "--max-len-a",
+                "0",
+                "--max-len-b",
+                str(TARGET_WORDS),
+                "--cpu",
+                "--num-workers",
+                "0",
+                "--results-path",
+                save_dir,
+            ],
+        )
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +198,11 @@ def long_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("long_inputs")
     raw = write_long_corpus(work / "raw")
     (work / "runner.py").write_text(RUNNER)
-    (work / "commands.json").write_text(json.dumps(
-        [[tag, command, [str(a) for a in args]] for tag, command, args in commands(raw, work / "data-bin", work)]))
+    (work / "commands.json").write_text(
+        json.dumps(
+            [[tag, command, [str(a) for a in args]] for tag, command, args in commands(raw, work / "data-bin", work)]
+        )
+    )
     proc = run([sys.executable, work / "runner.py", work / "commands.json"])
     sections = re.findall(r"^=== start (.*?)\n(.*?)^=== (ok|failed) \1$", proc.stdout, flags=re.M | re.S)
     return {tag: (status, output) for tag, output, status in sections}, work
@@ -130,8 +220,11 @@ def test_a_1024_token_source_trains_and_translates(long_runs, normalizer):
     # finite loss. (fairseq's json log lines, "...train_inner...{json}", whatever the format of
     # the logger's prefix.)
     output = runs[f"train {normalizer}"][1]
-    records = [json.loads(line[line.index("{"):]) for line in output.splitlines()
-               if re.search(r"\btrain_inner\b", line) and "{" in line]
+    records = [
+        json.loads(line[line.index("{") :])
+        for line in output.splitlines()
+        if re.search(r"\btrain_inner\b", line) and "{" in line
+    ]
     assert [(r["epoch"], int(r["num_updates"])) for r in records] == [(1, 1), (1, 2)], output[-3000:]
     assert all(math.isfinite(float(r["loss"])) for r in records)
 
