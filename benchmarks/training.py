@@ -170,13 +170,18 @@ def main():
                              "the steady rate (default: the setting's, 64 for paper-size, 160 for long-small)")
     parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model, interleaved across models; the median is kept")
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), metavar="MODEL",
+                        help="measure only these models (and the baseline, always first); default: all of "
+                             + ", ".join(repr(name) for name in MODELS))
     parser.add_argument("--compile", action="store_true",
                         help="also run each sparse model with --compile-normalizers (compiling is in the first, "
                              "dropped, log interval of training and the first, cancelled, batch of generation)")
     args = parser.parse_args()
-    models = dict(MODELS)
+    models = {name: model_args for name, model_args in MODELS.items()
+              if args.models is None or name in args.models or name == next(iter(MODELS))}
     if args.compile:
-        models.update((f"{name}, compiled", MODELS[name] + ["--compile-normalizers"]) for name in COMPILED)
+        models.update((f"{name}, compiled", MODELS[name] + ["--compile-normalizers"])
+                      for name in COMPILED if name in models)
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):
