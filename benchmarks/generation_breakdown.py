@@ -13,6 +13,7 @@ On a GPU every timed call is synchronised, which slows the run a little.
     python benchmarks/generation_breakdown.py /tmp/ls/long-small/bin \
         --path /tmp/ls/long-small/*_r0/checkpoint_last.pt --len 60
 """
+
 import argparse
 import json
 import subprocess
@@ -47,9 +48,25 @@ def measure(data_bin, checkpoint, length, device):
 
     SparseMultiheadAttention.normalize = timed_normalize
     sys.argv = [
-        "fairseq-generate", str(data_bin), "--user-dir", USER_DIR, "--path", str(checkpoint),
-        "--gen-subset", "test", "--beam", "5", "--batch-size", "16", "--quiet",
-        "--min-len", str(length), "--max-len-a", "0", "--max-len-b", str(length),
+        "fairseq-generate",
+        str(data_bin),
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        str(checkpoint),
+        "--gen-subset",
+        "test",
+        "--beam",
+        "5",
+        "--batch-size",
+        "16",
+        "--quiet",
+        "--min-len",
+        str(length),
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        str(length),
     ] + (["--cpu"] if device == "cpu" else [])
     start = time.perf_counter()
     generate.cli_main()
@@ -66,8 +83,13 @@ def measure(data_bin, checkpoint, length, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data_bin", type=Path, help="binarized data with a test split")
-    parser.add_argument("--path", type=Path, nargs="+", required=True,
-                        help="checkpoints of adaptively_sparse_transformer / explicit_sparse_transformer models")
+    parser.add_argument(
+        "--path",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="checkpoints of adaptively_sparse_transformer / explicit_sparse_transformer models",
+    )
     parser.add_argument("--len", type=int, default=60, help="output length every hypothesis is forced to")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -79,28 +101,45 @@ def main():
     if missing:
         sys.exit(f"checkpoint not found: {', '.join(missing)}")
 
-    print("| checkpoint | normalizer | generate s | in normalizers s | share | "
-          + " | ".join(f"{kind} ms/call" for kind in ATTENTION_TYPES) + " |")
+    print(
+        "| checkpoint | normalizer | generate s | in normalizers s | share | "
+        + " | ".join(f"{kind} ms/call" for kind in ATTENTION_TYPES)
+        + " |"
+    )
     print("|---|---|---|---|---|" + "---|" * len(ATTENTION_TYPES))
     for checkpoint in args.path:
         # One process per checkpoint, so that no run inherits another's warm caches.
         done = subprocess.run(
-            [sys.executable, __file__, str(args.data_bin), "--path", str(checkpoint), "--len", str(args.len),
-             "--device", args.device, "--worker"],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                __file__,
+                str(args.data_bin),
+                "--path",
+                str(checkpoint),
+                "--len",
+                str(args.len),
+                "--device",
+                args.device,
+                "--worker",
+            ],
+            capture_output=True,
+            text=True,
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
             sys.exit(f"fairseq-generate failed on {checkpoint}:\n{done.stderr[-3000:]}")
-        result = json.loads(lines[-1][len("RESULT "):])
+        result = json.loads(lines[-1][len("RESULT ") :])
         if not result["normalizers"]:
             sys.exit(f"{checkpoint}: no SparseMultiheadAttention was called; pass checkpoints of this package's models")
         per_call = " | ".join(
             "-" if result["ms_per_call"][kind] is None else f"{result['ms_per_call'][kind]:.2f}"
             for kind in ATTENTION_TYPES
         )
-        print(f"| {checkpoint.parent.name} | {', '.join(result['normalizers'])} | {result['wall_s']:.2f} | "
-              f"{result['normalize_s']:.2f} | {result['normalize_s'] / result['wall_s']:.0%} | {per_call} |", flush=True)
+        print(
+            f"| {checkpoint.parent.name} | {', '.join(result['normalizers'])} | {result['wall_s']:.2f} | "
+            f"{result['normalize_s']:.2f} | {result['normalize_s'] / result['wall_s']:.0%} | {per_call} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ a GPU runs, forced on the CPU) or compiled (the sync-free path through torch.com
 Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
           [--path {early-exit,sync-free,compiled}]
 """
+
 import argparse
 import functools
 import os
@@ -55,10 +56,12 @@ def torch_softmax(x, alpha_logits):
 
 def _on_sync_free_path(fn):
     """fn run with the sync-free path forced."""
+
     @functools.wraps(fn)
     def wrapped(*args):
         with sync_free():
             return fn(*args)
+
     return wrapped
 
 
@@ -69,7 +72,7 @@ PATHS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def methods(path="early-exit"):
     """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs, ours
     on `path` (a key of PATHS). torch.softmax is one function, timed once, in both of its
@@ -245,7 +248,7 @@ def format_table(results, measure_memory):
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for shape, (medians, memory, differences) in results.items():
         softmax_ms = medians[("torch.softmax", "ours")]
-        for name, _, package in methods():
+        for name, _, _package in methods():
             if name == "torch.softmax":
                 continue
             ours_ms = medians[(name, "ours")]
@@ -268,7 +271,9 @@ def format_table(results, measure_memory):
             row.append(f"{differences[name]:.1e}" if name in differences else "-")
             lines.append("| " + " | ".join(row) + " |")
         lines.append(
-            "| " + "x".join(map(str, shape)) + f" | torch.softmax | {softmax_ms:.1f} | - | - | 1.00 |"
+            "| "
+            + "x".join(map(str, shape))
+            + f" | torch.softmax | {softmax_ms:.1f} | - | - | 1.00 |"
             + (f" {memory[('torch.softmax', 'ours')]:.0f} | - | - |" if measure_memory else "")
             + " - |"
         )
@@ -282,8 +287,12 @@ def main():
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--shapes", nargs="*", default=None, help="e.g. 32x512x512 (default: all four)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory columns")
-    parser.add_argument("--path", choices=list(PATHS), default="early-exit",
-                        help="which of our paths to measure (default: early-exit, the CPU's default)")
+    parser.add_argument(
+        "--path",
+        choices=list(PATHS),
+        default="early-exit",
+        help="which of our paths to measure (default: early-exit, the CPU's default)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -304,11 +313,15 @@ def main():
     if not args.no_memory:
         release_free_memory = cpu_memory_setup() if device.type == "cpu" else None
         memory = {shape: memory_shape(shape, device, release_free_memory, args.path) for shape in shapes}
-    results = {shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()}
+    results = {
+        shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()
+    }
     print(f"machine: {machine_description(device)}")
     print(f"command: python {' '.join(sys.argv)}")
-    print(f"forward+backward, float32, median of {args.rounds} rounds, ours on the {args.path} path; "
-          "ratios < 1 mean ours is faster")
+    print(
+        f"forward+backward, float32, median of {args.rounds} rounds, ours on the {args.path} path; "
+        "ratios < 1 mean ours is faster"
+    )
     print(format_table(results, not args.no_memory))
 
 

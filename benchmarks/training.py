@@ -24,6 +24,7 @@ seconds, and this machine's speed drifts by more than 10% from one to the next.
     python benchmarks/training.py --device cuda       # on a GPU
     python benchmarks/training.py --settings long-small --rounds 1 --updates 10   # quick look
 """
+
 import argparse
 import json
 import os
@@ -49,7 +50,12 @@ MODELS = {
     "softmax (fairseq transformer)": ["--arch", "{base_arch}"],
     # The same softmax through SparseMultiheadAttention, which forgoes PyTorch's fused
     # attention: separates the cost of the plugin's attention path from that of the maps.
-    "softmax (fairseq_entmax attention)": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "softmax"],
+    "softmax (fairseq_entmax attention)": [
+        "--arch",
+        "adaptively_sparse_{base_arch}",
+        "--attention-normalizer",
+        "softmax",
+    ],
     "1.5-entmax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "entmax15"],
     "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
     "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
@@ -65,13 +71,21 @@ GEN_BATCH = 16
 # sentences translated (enough that a run's time is seconds: fairseq reports it to 0.1 s).
 SETTINGS = {
     "paper-size": dict(
-        base_arch="transformer", size=[], join_lines=1, max_tokens=4096, gen_len=30, gen_sentences=64,
+        base_arch="transformer",
+        size=[],
+        join_lines=1,
+        max_tokens=4096,
+        gen_len=30,
+        gen_sentences=64,
         about="Transformer base as in the paper (6+6 layers, d=512, 8 heads), TED sentences",
     ),
     "long-small": dict(
         base_arch="transformer",
         size=model_size_args(layers=2, embed_dim=128, ffn_embed_dim=256, attention_heads=8),
-        join_lines=8, max_tokens=4096, gen_len=60, gen_sentences=160,
+        join_lines=8,
+        max_tokens=4096,
+        gen_len=60,
+        gen_sentences=160,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
 }
@@ -96,37 +110,93 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
     joined = {}
     for lang in ("de", "en"):
         lines = (data_dir / f"train.{lang}").read_text(encoding="utf-8").splitlines()[: n_lines + n_gen * join_lines]
-        joined[lang] = [" ".join(lines[i:i + join_lines]) for i in range(0, len(lines), join_lines)]
+        joined[lang] = [" ".join(lines[i : i + join_lines]) for i in range(0, len(lines), join_lines)]
     # The generation sentences with the shortest sources, ties broken as fairseq sorts them
     # (by target length, then by position), so that they form the test run's first batch.
     test = {lang: joined[lang][-n_gen:] for lang in joined}
     by_length = sorted(range(n_gen), key=lambda i: (len(test["de"][i].split()), len(test["en"][i].split()), i))
     shortest = sorted(by_length[:GEN_BATCH])
     for lang in ("de", "en"):
-        (raw / f"train.{lang}").write_text("\n".join(joined[lang][: -n_gen]) + "\n", encoding="utf-8")
+        (raw / f"train.{lang}").write_text("\n".join(joined[lang][:-n_gen]) + "\n", encoding="utf-8")
         (raw / f"test.{lang}").write_text("\n".join(test[lang]) + "\n", encoding="utf-8")
         (raw / f"valid.{lang}").write_text("\n".join(test[lang][i] for i in shortest) + "\n", encoding="utf-8")
-    run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-         "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test", "--destdir", work / "bin",
-         "--joined-dictionary", "--nwordssrc", "8000", "--workers", "2"], work / "preprocess.log")
+    run(
+        [
+            BIN / "fairseq-preprocess",
+            "--source-lang",
+            "de",
+            "--target-lang",
+            "en",
+            "--trainpref",
+            raw / "train",
+            "--validpref",
+            raw / "valid",
+            "--testpref",
+            raw / "test",
+            "--destdir",
+            work / "bin",
+            "--joined-dictionary",
+            "--nwordssrc",
+            "8000",
+            "--workers",
+            "2",
+        ],
+        work / "preprocess.log",
+    )
     return work / "bin"
 
 
 def train(data_bin, save_dir, model_args, setting, device_args, updates):
     log_path = save_dir.parent / f"{save_dir.name}.train.log"
     text, peak_mib = run(
-        [BIN / "fairseq-train", data_bin, "--user-dir", USER_DIR, *model_args, *setting["size"],
-         "--task", "translation", "--optimizer", "adam", "--adam-betas", "(0.9,0.98)",
-         "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--max-tokens", str(setting["max_tokens"]), "--max-update", str(updates),
-         "--max-source-positions", "2048", "--max-target-positions", "2048",
-         "--disable-validation", "--save-dir", save_dir, "--no-epoch-checkpoints",
-         "--save-interval-updates", str(updates), "--seed", "1",
-         "--log-format", "json", "--log-interval", "5", *device_args],
+        [
+            BIN / "fairseq-train",
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            *model_args,
+            *setting["size"],
+            "--task",
+            "translation",
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9,0.98)",
+            "--lr",
+            "5e-4",
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            "4000",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--max-tokens",
+            str(setting["max_tokens"]),
+            "--max-update",
+            str(updates),
+            "--max-source-positions",
+            "2048",
+            "--max-target-positions",
+            "2048",
+            "--disable-validation",
+            "--save-dir",
+            save_dir,
+            "--no-epoch-checkpoints",
+            "--save-interval-updates",
+            str(updates),
+            "--seed",
+            "1",
+            "--log-format",
+            "json",
+            "--log-interval",
+            "5",
+            *device_args,
+        ],
         log_path,
     )
-    inner = [json.loads(line[line.index("{"):]) for line in text.splitlines() if "train_inner" in line and "{" in line]
+    inner = [json.loads(line[line.index("{") :]) for line in text.splitlines() if "train_inner" in line and "{" in line]
     if len(inner) < 2:
         sys.exit(f"too few log intervals in {log_path}: raise --updates")
     return statistics.mean(float(s["wps"]) for s in inner[1:]), peak_mib
@@ -138,9 +208,27 @@ def generate(data_bin, save_dir, setting, device_args):
     done = {}
     for subset in ("test", "valid"):
         text, _ = run(
-            [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt",
-             "--gen-subset", subset, "--beam", "5", "--batch-size", str(GEN_BATCH),
-             "--min-len", str(n), "--max-len-a", "0", "--max-len-b", str(n), *device_args],
+            [
+                BIN / "fairseq-generate",
+                data_bin,
+                "--user-dir",
+                USER_DIR,
+                "--path",
+                save_dir / "checkpoint_last.pt",
+                "--gen-subset",
+                subset,
+                "--beam",
+                "5",
+                "--batch-size",
+                str(GEN_BATCH),
+                "--min-len",
+                str(n),
+                "--max-len-a",
+                "0",
+                "--max-len-b",
+                str(n),
+                *device_args,
+            ],
             save_dir.parent / f"{save_dir.name}.generate-{subset}.log",
         )
         match = re.search(r"Translated ([\d,]+) sentences \(.*?\) in ([\d.]+)s", text)
@@ -165,23 +253,43 @@ def main():
     parser.add_argument("--updates", type=int, default=15, help="training updates per run")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
-    parser.add_argument("--gen-sentences", type=int,
-                        help="test sentences translated, a multiple of 16 (batches of 16); the first batch again for "
-                             "the steady rate (default: the setting's, 64 for paper-size, 160 for long-small)")
-    parser.add_argument("--gen-repeats", type=int, default=3, help="fairseq-generate runs per trained model, interleaved across models; the median is kept")
+    parser.add_argument(
+        "--gen-sentences",
+        type=int,
+        help="test sentences translated, a multiple of 16 (batches of 16); the first batch again for "
+        "the steady rate (default: the setting's, 64 for paper-size, 160 for long-small)",
+    )
+    parser.add_argument(
+        "--gen-repeats",
+        type=int,
+        default=3,
+        help="fairseq-generate runs per trained model, interleaved across models; the median is kept",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), metavar="MODEL",
-                        help="measure only these models (and the baseline, always first); default: all of "
-                             + ", ".join(repr(name) for name in MODELS))
-    parser.add_argument("--compile", action="store_true",
-                        help="also run each sparse model with --compile-normalizers (compiling is in the first, "
-                             "dropped, log interval of training and the first, cancelled, batch of generation)")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        metavar="MODEL",
+        help="measure only these models (and the baseline, always first); default: all of "
+        + ", ".join(repr(name) for name in MODELS),
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also run each sparse model with --compile-normalizers (compiling is in the first, "
+        "dropped, log interval of training and the first, cancelled, batch of generation)",
+    )
     args = parser.parse_args()
-    models = {name: model_args for name, model_args in MODELS.items()
-              if args.models is None or name in args.models or name == next(iter(MODELS))}
+    models = {
+        name: model_args
+        for name, model_args in MODELS.items()
+        if args.models is None or name in args.models or name == next(iter(MODELS))
+    }
     if args.compile:
-        models.update((f"{name}, compiled", MODELS[name] + ["--compile-normalizers"])
-                      for name in COMPILED if name in models)
+        models.update(
+            (f"{name}, compiled", MODELS[name] + ["--compile-normalizers"]) for name in COMPILED if name in models
+        )
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):
@@ -205,27 +313,47 @@ def main():
             for model, model_args in models.items():
                 save_dirs[model] = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
-                wps, rss = train(data_bin, save_dirs[model], [a.format(**setting) for a in model_args], setting, device_args, args.updates)
+                wps, rss = train(
+                    data_bin,
+                    save_dirs[model],
+                    [a.format(**setting) for a in model_args],
+                    setting,
+                    device_args,
+                    args.updates,
+                )
                 results[model]["wps"].append(wps)
                 results[model]["rss"].append(rss)
-                print(f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
-                      f"peak {rss:.0f} MiB ({time.time() - t0:.0f}s)", flush=True)
+                print(
+                    f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
+                    f"peak {rss:.0f} MiB ({time.time() - t0:.0f}s)",
+                    flush=True,
+                )
             for repeat in range(args.gen_repeats):
-                rates = {model: generate(data_bin, save_dir, setting, device_args) for model, save_dir in save_dirs.items()}
+                rates = {
+                    model: generate(data_bin, save_dir, setting, device_args) for model, save_dir in save_dirs.items()
+                }
                 for model, sps in rates.items():
                     results[model]["sps"].append(sps)
-                print(f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, sentences/s: "
-                      + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()), flush=True)
+                print(
+                    f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
+                    "sentences/s: " + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()),
+                    flush=True,
+                )
         median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
         base = median[next(iter(models))]
-        print(f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
-              f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens; median of {args.rounds} rounds "
-              f"(generation: of {args.rounds * args.gen_repeats} runs)\n")
+        print(
+            f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
+            f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens; "
+            f"median of {args.rounds} rounds "
+            f"(generation: of {args.rounds * args.gen_repeats} runs)\n"
+        )
         print("| model | train words/s | ratio | peak RSS MiB | ratio | generate sent/s | ratio |")
         print("|---|---|---|---|---|---|---|")
         for model, m in median.items():
-            print(f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['rss']:.0f} | "
-                  f"{m['rss'] / base['rss']:.2f} | {m['sps']:.2f} | {m['sps'] / base['sps']:.2f} |")
+            print(
+                f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['rss']:.0f} | "
+                f"{m['rss'] / base['rss']:.2f} | {m['sps']:.2f} | {m['sps'] / base['sps']:.2f} |"
+            )
         print(flush=True)
 
 

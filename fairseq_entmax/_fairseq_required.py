@@ -1,4 +1,5 @@
 """The one place that says how to get fairseq when the fairseq layer is imported without it."""
+
 import importlib.util
 
 INSTALL_HINT = (

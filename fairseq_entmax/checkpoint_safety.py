@@ -26,6 +26,7 @@ this package is imported (by --user-dir) only once they run, so an uncaught
 UnsafeCheckpointError is reported by a sys.excepthook installed at import: the message on
 stderr, no traceback, exit status 2 (any other exception goes to the previous hook).
 """
+
 import argparse
 import os
 import pickle

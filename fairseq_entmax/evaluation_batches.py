@@ -46,12 +46,18 @@ def repair_evaluation_batches():
 
 
 def _multiple_for_training_only(batch_by_size):
-    def batch_by_size_keeping_every_sentence(self, indices, max_tokens=None, max_sentences=None,
-                                             required_batch_size_multiple=1):
+    def batch_by_size_keeping_every_sentence(
+        self, indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1
+    ):
         if not getattr(self, _TRAINING_MARK, False):
             required_batch_size_multiple = 1
-        return batch_by_size(self, indices, max_tokens=max_tokens, max_sentences=max_sentences,
-                             required_batch_size_multiple=required_batch_size_multiple)
+        return batch_by_size(
+            self,
+            indices,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            required_batch_size_multiple=required_batch_size_multiple,
+        )
 
     setattr(batch_by_size_keeping_every_sentence, _TRAINING_MARK, True)
     batch_by_size_keeping_every_sentence.__doc__ = batch_by_size.__doc__

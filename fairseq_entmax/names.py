@@ -4,6 +4,7 @@ The attention types, the names of the alpha metrics the model logs, and fairseq'
 options are each written here once. This module imports nothing, so it can be imported
 where neither fairseq nor torch is needed (fairseq_entmax's own __init__ still runs first).
 """
+
 import re
 
 # The three attention types of an encoder-decoder Transformer, in the order every table,

@@ -8,6 +8,7 @@ its architectures fill their defaults, and the layers read them into SparseMulti
 The parsers raise argparse.ArgumentTypeError, so a bad value stops fairseq-train/-generate at
 argument parsing with "argument --OPTION: <message>".
 """
+
 import argparse
 import math
 
@@ -58,9 +59,7 @@ def parse_alpha_init(text):
     except ValueError:
         value = math.nan
     if not 1.0 < value <= 2.0:
-        raise argparse.ArgumentTypeError(
-            f"allowed values are 'random' or a number in (1, 2], got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"allowed values are 'random' or a number in (1, 2], got {text!r}")
     return value
 
 
@@ -86,9 +85,7 @@ def parse_alpha_clamp(text):
     except ValueError:
         low = high = math.nan
     if not 1.0 <= low < high <= 2.0:
-        raise argparse.ArgumentTypeError(
-            f"expected MIN,MAX with 1 <= MIN < MAX <= 2 (default 1.01,2), got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX with 1 <= MIN < MAX <= 2 (default 1.01,2), got {text!r}")
     return (low, high)
 
 
@@ -146,41 +143,55 @@ def add_sparse_attention_args(parser):
     """
     names = ",".join(NORMALIZER_NAMES)
     parser.add_argument(
-        "--attention-normalizer", choices=NORMALIZER_NAMES, metavar="{" + names + "}",
-        help="normalizer of all attention (default: alpha_entmax for adaptively_sparse_*, "
-        "topk for explicit_sparse_*)",
+        "--attention-normalizer",
+        choices=NORMALIZER_NAMES,
+        metavar="{" + names + "}",
+        help="normalizer of all attention (default: alpha_entmax for adaptively_sparse_*, topk for explicit_sparse_*)",
     )
     for attention_type in ATTENTION_TYPES:
         parser.add_argument(
             "--" + normalizer_option(attention_type).replace("_", "-"),
-            choices=NORMALIZER_NAMES, metavar="{" + names + "}",
+            choices=NORMALIZER_NAMES,
+            metavar="{" + names + "}",
             help=f"normalizer of the {ATTENTION_TITLES[attention_type]} (overrides --attention-normalizer)",
         )
     parser.add_argument(
-        "--alpha-init", type=parse_alpha_init, metavar="{random,ALPHA}",
+        "--alpha-init",
+        type=parse_alpha_init,
+        metavar="{random,ALPHA}",
         help="learned alpha-entmax: initial alpha of every head, in (1, 2], or 'random' "
         "(alpha = 1 + sigmoid(a) with a ~ N(0, 1), as Correia et al.; default)",
     )
     parser.add_argument(
-        "--alpha-clamp", type=parse_alpha_clamp, metavar="MIN,MAX",
+        "--alpha-clamp",
+        type=parse_alpha_clamp,
+        metavar="MIN,MAX",
         help="learned alpha-entmax: alpha is clamped to [MIN, MAX] (default 1.01,2)",
     )
     parser.add_argument(
-        "--topk", type=parse_topk, metavar="K",
+        "--topk",
+        type=parse_topk,
+        metavar="K",
         help="top-k attention: keys kept per query (default 8)",
     )
     parser.add_argument(
-        "--topk-fraction", type=parse_topk_fraction, metavar="F",
+        "--topk-fraction",
+        type=parse_topk_fraction,
+        metavar="F",
         help="top-k attention: keep max(--topk-min, ceil(F * n)) keys instead of a fixed "
         "--topk, n the number of keys the query sees (padding and future positions not "
         "counted); F in (0, 1]",
     )
     parser.add_argument(
-        "--topk-min", type=parse_topk, metavar="K",
+        "--topk-min",
+        type=parse_topk,
+        metavar="K",
         help="top-k attention with --topk-fraction: keep at least K keys (default 1)",
     )
     parser.add_argument(
-        "--compile-normalizers", action="store_true", default=None,
+        "--compile-normalizers",
+        action="store_true",
+        default=None,
         help="run the attention normalizers through torch.compile(fullgraph=True, "
         "dynamic=True): fused kernels on a GPU; compiling takes minutes on a CPU, where it "
         "does not pay (see docs/fairseq.md)",

@@ -9,6 +9,7 @@ Fixtures for other test files:
 - `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
   for tests that train a variant themselves.
 """
+
 import os
 from collections import namedtuple
 
@@ -24,8 +25,13 @@ from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpu
 SLOW_FIXTURES = {"tiny_data", "tiny_model_args", "trained_model"}
 SLOW_MODULE_PREFIXES = ("test_fairseq_",)
 SLOW_MODULES = {
-    "test_checkpoint_refusal", "test_evaluation_batches", "test_long_inputs", "test_normalizers_compile",
-    "test_quickstart", "test_recipes", "test_reproduction",
+    "test_checkpoint_refusal",
+    "test_evaluation_batches",
+    "test_long_inputs",
+    "test_normalizers_compile",
+    "test_quickstart",
+    "test_recipes",
+    "test_reproduction",
 }
 SLOW_TESTS = {
     "test_attention_layer_edges::test_incremental_beam_decoding_equals_the_full_forward",
@@ -40,15 +46,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.path.stem
         name = f"{module}::{getattr(item, 'originalname', item.name)}"
-        if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or module in SLOW_MODULES
-                or module.startswith(SLOW_MODULE_PREFIXES) or name in SLOW_TESTS):
+        if (
+            SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+            or module in SLOW_MODULES
+            or module.startswith(SLOW_MODULE_PREFIXES)
+            or name in SLOW_TESTS
+        ):
             item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "requires(available, reason): needs something a machine may lack (../shared/data, the entmax "
-        "package): skipped without it, failed without it when CI is set")
+        "markers",
+        "requires(available, reason): needs something a machine may lack (../shared/data, the entmax "
+        "package): skipped without it, failed without it when CI is set",
+    )
 
 
 def pytest_runtest_setup(item):
@@ -58,8 +70,9 @@ def pytest_runtest_setup(item):
         available, reason = marker.args
         if not available:
             if os.environ.get("CI"):
-                pytest.fail(f"CI is set, and {reason}: install or provide it (a skip would hide a broken set-up)",
-                            pytrace=False)
+                pytest.fail(
+                    f"CI is set, and {reason}: install or provide it (a skip would hide a broken set-up)", pytrace=False
+                )
             pytest.skip(reason)
 
 
@@ -70,19 +83,54 @@ TrainedModel = namedtuple("TrainedModel", "checkpoint data_bin save_dir train_lo
 # the tiny corpus (unigram precision of beam search ~40-80%, BLEU ~5-30 by normalizer), so its
 # attention has structure. Small batches learn more per second here than large ones.
 TINY_MODEL_ARGS = [
-    "--arch", "adaptively_sparse_transformer",
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-    "--share-all-embeddings", "--dropout", "0",
+    "--arch",
+    "adaptively_sparse_transformer",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--share-all-embeddings",
+    "--dropout",
+    "0",
 ]
 TRAINING_ARGS = [
-    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.005",
-    "--lr-scheduler", "fixed", "--criterion", "label_smoothed_cross_entropy",
-    "--max-tokens", "200", "--cpu", "--seed", "1",
-    "--log-format", "json", "--log-interval", "10", "--no-progress-bar",
-    "--no-epoch-checkpoints", "--validate-interval", "1000", "--save-interval", "1000",
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr",
+    "0.005",
+    "--lr-scheduler",
+    "fixed",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--max-tokens",
+    "200",
+    "--cpu",
+    "--seed",
+    "1",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "10",
+    "--no-progress-bar",
+    "--no-epoch-checkpoints",
+    "--validate-interval",
+    "1000",
+    "--save-interval",
+    "1000",
 ]
 TINY_MAX_UPDATE = 200
 # top-k keeps 3 keys: with the corpus' 3-10 token sentences the default k = 8 would rarely
@@ -118,15 +166,29 @@ def trained_model(tiny_data, tmp_path_factory):
     def train(normalizer):
         if normalizer not in trained:
             save_dir = tmp_path_factory.mktemp(f"trained_{normalizer}")
-            proc = run([
-                fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-                *TINY_MODEL_ARGS, *TRAINING_ARGS,
-                "--attention-normalizer", normalizer, *NORMALIZER_ARGS.get(normalizer, []),
-                "--max-update", str(TINY_MAX_UPDATE), "--save-dir", save_dir,
-            ])
+            proc = run(
+                [
+                    fairseq_command("fairseq-train"),
+                    tiny_data.data_bin,
+                    "--user-dir",
+                    USER_DIR,
+                    *TINY_MODEL_ARGS,
+                    *TRAINING_ARGS,
+                    "--attention-normalizer",
+                    normalizer,
+                    *NORMALIZER_ARGS.get(normalizer, []),
+                    "--max-update",
+                    str(TINY_MAX_UPDATE),
+                    "--save-dir",
+                    save_dir,
+                ]
+            )
             trained[normalizer] = TrainedModel(
-                save_dir / "checkpoint_last.pt", tiny_data.data_bin, save_dir,
-                proc.stdout + proc.stderr, normalizer,
+                save_dir / "checkpoint_last.pt",
+                tiny_data.data_bin,
+                save_dir,
+                proc.stdout + proc.stderr,
+                normalizer,
             )
         return trained[normalizer]
 

@@ -3,6 +3,7 @@
 The tests run fairseq's console scripts (fairseq-preprocess, fairseq-train, ...) from the
 same virtual environment as pytest, with `--user-dir` pointing at the package, as a user would.
 """
+
 import os
 import random
 import subprocess
@@ -27,8 +28,13 @@ def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
     full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     full_env.update(env or {})
     proc = subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout,
-        cwd=cwd, env=full_env, input=input,
+        [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=full_env,
+        input=input,
     )
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -64,11 +70,24 @@ def write_tiny_corpus(directory, n_train=400, n_valid=40, n_test=40, seed=0):
 def preprocess(raw_dir, dest_dir, src="src", tgt="tgt"):
     """fairseq-preprocess the corpus written by write_tiny_corpus, with a joined dictionary."""
     raw_dir = Path(raw_dir)
-    run([
-        fairseq_command("fairseq-preprocess"),
-        "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", raw_dir / "train", "--validpref", raw_dir / "valid",
-        "--testpref", raw_dir / "test",
-        "--destdir", dest_dir, "--joined-dictionary", "--workers", "1",
-    ])
+    run(
+        [
+            fairseq_command("fairseq-preprocess"),
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            raw_dir / "train",
+            "--validpref",
+            raw_dir / "valid",
+            "--testpref",
+            raw_dir / "test",
+            "--destdir",
+            dest_dir,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
+    )
     return Path(dest_dir)

@@ -3,6 +3,7 @@
 Written from the definitions with numpy (sort-based closed forms and plain bisection), so
 they share no code with fairseq_entmax.normalizers.
 """
+
 import numpy as np
 
 

@@ -1,6 +1,7 @@
 """The per-batch masks and subword words the analysis derives from fairseq's own batches
 (left-padded source, right-padded decoder input starting with </s>), checked with attention
 built to score exactly 1 on them."""
+
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset
 

@@ -1,4 +1,5 @@
 """The analysis statistics on constructed attention whose answers are known in closed form."""
+
 import math
 
 import pytest
@@ -25,6 +26,7 @@ def all_real(batch, length):
 
 
 # --- head diversity (JS) -------------------------------------------------------------------
+
 
 def test_identical_heads_have_js_zero():
     p = torch.softmax(torch.randn(1, 2, 5, 7), dim=-1)
@@ -62,6 +64,7 @@ def test_js_is_between_zero_and_one_for_random_heads():
 
 
 # --- density -------------------------------------------------------------------------------
+
 
 def test_uniform_attention_has_density_one_and_js_zero_with_padding_excluded():
     lengths = [5, 3]  # second sentence padded at the end: 2 padding keys and queries
@@ -123,6 +126,7 @@ def test_running_sums_over_batches_equal_one_pass():
 
 
 # --- positional heads ----------------------------------------------------------------------
+
 
 def test_one_hot_previous_token_heads_have_positional_score_one():
     # source laid out as fairseq does: left padding (2 pads), then 5 real tokens

@@ -2,6 +2,7 @@
 checked against attention recomputed from the module's projections, and the console script
 fairseq-entmax-analyze end to end (analysis.json, tables, figures) comparing a plain fairseq
 transformer (softmax), learned alpha-entmax and top-k."""
+
 import csv
 import inspect
 import json
@@ -28,8 +29,18 @@ def plain_transformer(tiny_data, tiny_model_args, tmp_path_factory):
     """A plain fairseq `transformer` (not ours), trained without --user-dir."""
     save_dir = tmp_path_factory.mktemp("plain_transformer")
     arch = tiny_model_args.index("--arch")
-    same_sizes = tiny_model_args[:arch] + ["--arch", "transformer"] + tiny_model_args[arch + 2:]
-    run([fairseq_command("fairseq-train"), tiny_data.data_bin, *same_sizes, "--max-update", "30", "--save-dir", save_dir])
+    same_sizes = tiny_model_args[:arch] + ["--arch", "transformer"] + tiny_model_args[arch + 2 :]
+    run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            *same_sizes,
+            "--max-update",
+            "30",
+            "--save-dir",
+            save_dir,
+        ]
+    )
     return save_dir / "checkpoint_last.pt"
 
 
@@ -37,9 +48,25 @@ def plain_transformer(tiny_data, tiny_model_args, tmp_path_factory):
 def alpha_with_logs(tiny_data, tiny_model_args, tmp_path_factory):
     """Learned alpha-entmax trained with --log-file and --tensorboard-logdir (per-head alphas)."""
     root = tmp_path_factory.mktemp("alpha_with_logs")
-    run([fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR, *tiny_model_args,
-         "--attention-normalizer", "alpha_entmax", "--max-update", "30", "--save-dir", root / "checkpoints",
-         "--log-file", root / "train.log", "--tensorboard-logdir", root / "tb"])
+    run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *tiny_model_args,
+            "--attention-normalizer",
+            "alpha_entmax",
+            "--max-update",
+            "30",
+            "--save-dir",
+            root / "checkpoints",
+            "--log-file",
+            root / "train.log",
+            "--tensorboard-logdir",
+            root / "tb",
+        ]
+    )
     return root
 
 
@@ -47,11 +74,15 @@ def checkpoint_alphas(checkpoint):
     """{(attention, layer): [alpha per head]} from the checkpoint's alpha_logit parameters, by the
     contract: alpha = clamp(1 + sigmoid(alpha_logit), 1.01, 2)."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
-    names = {"encoder.layers.{}.self_attn": "encoder_self", "decoder.layers.{}.self_attn": "decoder_self",
-             "decoder.layers.{}.encoder_attn": "cross"}
+    names = {
+        "encoder.layers.{}.self_attn": "encoder_self",
+        "decoder.layers.{}.self_attn": "decoder_self",
+        "decoder.layers.{}.encoder_attn": "cross",
+    }
     return {
         (attention, layer): (1 + torch.sigmoid(state[pattern.format(layer) + ".alpha_logit"])).clamp(1.01, 2).tolist()
-        for pattern, attention in names.items() for layer in range(LAYERS)
+        for pattern, attention in names.items()
+        for layer in range(LAYERS)
     }
 
 
@@ -84,6 +115,7 @@ def capture_with_inputs(model, sample):
     def record_inputs(site):
         def hook(module, args, kwargs):
             inputs[site.name] = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+
         return hook
 
     for site in sites:
@@ -111,7 +143,8 @@ def test_captured_weights_are_each_heads_real_attention(which, request, trained_
     sites, captured, inputs, (output, extra) = capture_with_inputs(model, sample)
 
     assert sorted({(s.attention, s.layer) for s in sites}) == sorted(
-        (a, layer) for a in ATTENTION_TYPES for layer in range(LAYERS))
+        (a, layer) for a in ATTENTION_TYPES for layer in range(LAYERS)
+    )
     # capturing sends fairseq's fused self-attention down its Python path: same translation
     assert torch.allclose(output, plain_output, atol=1e-4)
     for site in sites:
@@ -141,19 +174,49 @@ def rows(model_entry, key, attention=None):
 
 
 def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
-        plain_transformer, trained_model, tiny_data, tmp_path):
+    plain_transformer, trained_model, tiny_data, tmp_path
+):
     alpha_model, topk_model = trained_model("alpha_entmax"), trained_model("topk")
     alpha_log = tmp_path / "alpha_train.log"
     alpha_log.write_text(alpha_model.train_log)
     output_dir = tmp_path / "analysis"
-    proc = run([
-        BIN_DIR / "fairseq-entmax-analyze", tiny_data.data_bin, "--user-dir", USER_DIR, "--cpu",
-        "--path", plain_transformer, "--path", alpha_model.checkpoint, "--path", topk_model.checkpoint,
-        "--name", "softmax", "--name", "alpha", "--name", "topk",
-        "--train-log", "auto", "--train-log", alpha_log, "--train-log", "auto",
-        "--subset", "valid", "--num-sentences", "24", "--max-tokens", "100", "--sentence-id", "3",
-        "--output-dir", output_dir,
-    ])
+    proc = run(
+        [
+            BIN_DIR / "fairseq-entmax-analyze",
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--path",
+            plain_transformer,
+            "--path",
+            alpha_model.checkpoint,
+            "--path",
+            topk_model.checkpoint,
+            "--name",
+            "softmax",
+            "--name",
+            "alpha",
+            "--name",
+            "topk",
+            "--train-log",
+            "auto",
+            "--train-log",
+            alpha_log,
+            "--train-log",
+            "auto",
+            "--subset",
+            "valid",
+            "--num-sentences",
+            "24",
+            "--max-tokens",
+            "100",
+            "--sentence-id",
+            "3",
+            "--output-dir",
+            output_dir,
+        ]
+    )
     # progress: fairseq-style log lines "analysing alpha:   3 / 6 sentences=12"
     assert re.search(r"analysing alpha:\s+\d+ / \d+ sentences=\d+", proc.stdout + proc.stderr)
 
@@ -206,30 +269,56 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
             assert r["previous"] is None or 0.0 <= r["previous"] <= 1.0
         assert all(r["next"] is None for r in rows(model, "positional", "decoder_self"))
         listed = {(r["attention"], r["layer"], r["head"], r["direction"]) for r in model["positional_heads"]}
-        above = {(r["attention"], r["layer"], r["head"], d) for r in model["positional"]
-                 for d in ("previous", "next") if r[d] is not None and r[d] >= analysis["positional_threshold"]}
+        above = {
+            (r["attention"], r["layer"], r["head"], d)
+            for r in model["positional"]
+            for d in ("previous", "next")
+            if r[d] is not None and r[d] >= analysis["positional_threshold"]
+        }
         assert listed == above
 
     # tables: one row per model and head / layer / type
     with open(output_dir / "comparison.csv") as f:
         comparison = list(csv.DictReader(f))
     assert [(r["model"], r["attention"]) for r in comparison] == [
-        (m, a) for m in ("softmax", "alpha", "topk") for a in ATTENTION_TYPES]
+        (m, a) for m in ("softmax", "alpha", "topk") for a in ATTENTION_TYPES
+    ]
     assert {r["normalizer"] for r in comparison if r["model"] == "alpha"} == {"alpha_entmax"}
     with open(output_dir / "density_heads.csv") as f:
         assert len(list(csv.DictReader(f))) == 3 * 3 * LAYERS * HEADS
-    for table in ("alpha.csv", "density_layers.csv", "density_types.csv", "js.csv", "positional.csv",
-                  "positional_heads.csv", "bpe_merging.csv", "bpe_merging_heads.csv"):
+    for table in (
+        "alpha.csv",
+        "density_layers.csv",
+        "density_types.csv",
+        "js.csv",
+        "positional.csv",
+        "positional_heads.csv",
+        "bpe_merging.csv",
+        "bpe_merging_heads.csv",
+    ):
         assert (output_dir / table).read_text().startswith("model,attention,"), table
 
     # figures: comparison figures, per-model figures, one attention map per model, type and layer
     figures = {p.name for p in output_dir.glob("*.png")}
     # (learning_curves.png: the alpha model's training log has its validation)
-    expected = {"alpha_histogram.png", "density_layers.png", "js_layers.png", "learning_curves.png",
-                "alpha_heatmap_softmax.png", "alpha_heatmap_alpha.png", "alpha_trajectories_alpha.png"}
-    expected |= {f"{kind}_{m}.png" for kind in ("density_heads", "specialisation") for m in ("softmax", "alpha", "topk")}
-    expected |= {f"attention_map_{m}_{a}_L{layer}.png" for m in ("softmax", "alpha", "topk")
-                 for a in ATTENTION_TYPES for layer in range(LAYERS)}
+    expected = {
+        "alpha_histogram.png",
+        "density_layers.png",
+        "js_layers.png",
+        "learning_curves.png",
+        "alpha_heatmap_softmax.png",
+        "alpha_heatmap_alpha.png",
+        "alpha_trajectories_alpha.png",
+    }
+    expected |= {
+        f"{kind}_{m}.png" for kind in ("density_heads", "specialisation") for m in ("softmax", "alpha", "topk")
+    }
+    expected |= {
+        f"attention_map_{m}_{a}_L{layer}.png"
+        for m in ("softmax", "alpha", "topk")
+        for a in ATTENTION_TYPES
+        for layer in range(LAYERS)
+    }
     assert figures == expected
     for name in figures:
         assert (output_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -237,12 +326,14 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
 
 def test_python_api_reads_per_head_alpha_from_the_recorded_tensorboard_log(alpha_with_logs, tiny_data, tmp_path):
     checkpoint = alpha_with_logs / "checkpoints" / "checkpoint_last.pt"
-    analysis = analyze([checkpoint], tiny_data.data_bin, tmp_path / "out", num_sentences=8, figures=False,
-                       progress=False)
+    analysis = analyze(
+        [checkpoint], tiny_data.data_bin, tmp_path / "out", num_sentences=8, figures=False, progress=False
+    )
     (model,) = analysis["models"]
     assert model["training_log"] == str(alpha_with_logs / "tb")  # found through the checkpoint's cfg
-    per_head = {(t["attention"], t["layer"], t["head"]): t for t in model["alpha_trajectories"]
-                if t["statistic"] == "head"}
+    per_head = {
+        (t["attention"], t["layer"], t["head"]): t for t in model["alpha_trajectories"] if t["statistic"] == "head"
+    }
     assert set(per_head) == {(a, layer, h) for a in ATTENTION_TYPES for layer in range(LAYERS) for h in range(HEADS)}
     # the last logged alpha of each head is (one optimizer step before) the checkpoint's alpha
     final = checkpoint_alphas(checkpoint)
@@ -251,8 +342,9 @@ def test_python_api_reads_per_head_alpha_from_the_recorded_tensorboard_log(alpha
     # the --log-file of the same run gives the same mean alpha per update (to its 4 decimals)
     from_log = {(t["attention"], t["statistic"]): t for t in read_log_file(alpha_with_logs / "train.log")}
     for attention in ATTENTION_TYPES:
-        tensorboard_mean = next(t for t in model["alpha_trajectories"]
-                                if t["attention"] == attention and t["statistic"] == "mean")
+        tensorboard_mean = next(
+            t for t in model["alpha_trajectories"] if t["attention"] == attention and t["statistic"] == "mean"
+        )
         assert from_log[(attention, "mean")]["steps"] == tensorboard_mean["steps"]
         assert from_log[(attention, "mean")]["values"] == pytest.approx(tensorboard_mean["values"], abs=1e-4)
     assert not list((tmp_path / "out").glob("*.png"))
@@ -263,8 +355,22 @@ def test_bad_input_is_reported_with_what_to_do(tiny_data, tmp_path, capsys):
     # main() is the console script's entry point, called in-process to keep the test fast
     assert main([str(tiny_data.data_bin), "--path", str(tmp_path / "nope.pt"), "--output-dir", str(tmp_path)]) == 2
     assert "nope.pt does not exist" in capsys.readouterr().err
-    assert main([str(tiny_data.data_bin), "--path", "a.pt", "--path", "b.pt", "--name", "only-one",
-                 "--output-dir", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                str(tiny_data.data_bin),
+                "--path",
+                "a.pt",
+                "--path",
+                "b.pt",
+                "--name",
+                "only-one",
+                "--output-dir",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "give one --name per --path" in capsys.readouterr().err
     assert main([str(tmp_path / "no-data-bin"), "--path", "a.pt", "--output-dir", str(tmp_path)]) == 2
     assert "data-bin directory" in capsys.readouterr().err
@@ -310,8 +416,21 @@ def test_unloadable_checkpoints_and_too_small_batches_say_what_to_do(trained_mod
         assert main([str(data), "--path", str(path), "--cpu", "--output-dir", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err
         assert f"cannot load checkpoint {path}" in err and message in err and "Traceback" not in err
-    assert main([str(tiny_data.data_bin), "--path", str(checkpoint), "--cpu", "--max-tokens", "5",
-                 "--output-dir", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                str(tiny_data.data_bin),
+                "--path",
+                str(checkpoint),
+                "--cpu",
+                "--max-tokens",
+                "5",
+                "--output-dir",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     assert re.search(r"a sentence of \d+ tokens does not fit .* give --max-tokens \d+ or more", capsys.readouterr().err)
 
 

@@ -2,6 +2,7 @@
 fairseq-train logs with), in its simple and json formats and to tensorboard; validation
 learning curves read from the logs of real fairseq-train runs and hand-written snippets, their
 figure, and learning_curves.png through the real fairseq-entmax-analyze command."""
+
 import json
 import logging
 import re
@@ -12,7 +13,12 @@ from fairseq.logging import progress_bar
 
 from fairseq_entmax.analysis.plots import mean_over_runs, plot_learning_curves
 from fairseq_entmax.analysis.training_log import (
-    group_by_variant, read_log_file, read_tensorboard, read_trajectories, read_validation_curve, variant_name,
+    group_by_variant,
+    read_log_file,
+    read_tensorboard,
+    read_trajectories,
+    read_validation_curve,
+    variant_name,
 )
 from helpers import BIN_DIR, USER_DIR, fairseq_command, run
 
@@ -25,8 +31,11 @@ STEPS = (10, 20, 30)
 
 def alpha_stats(step):
     """What the model logs at an update: alpha mean/min/max per type and per head."""
-    heads = {f"alpha_encoder_self_L{layer}_H{head}": 1.0 + 0.01 * step + 0.1 * layer + 0.02 * head
-             for layer in range(2) for head in range(2)}
+    heads = {
+        f"alpha_encoder_self_L{layer}_H{head}": 1.0 + 0.01 * step + 0.1 * layer + 0.02 * head
+        for layer in range(2)
+        for head in range(2)
+    }
     values = list(heads.values())
     return {
         "loss": 3.0 - 0.01 * step,
@@ -49,15 +58,20 @@ def write_training_log(path, log_format, tensorboard_logdir=None, inner=True, li
     bar_logger.setLevel(logging.INFO)
     try:
         bar = progress_bar.progress_bar(
-            range(len(STEPS)), log_format=log_format, log_interval=1, epoch=1,
-            tensorboard_logdir=tensorboard_logdir, default_log_format=log_format,
+            range(len(STEPS)),
+            log_format=log_format,
+            log_interval=1,
+            epoch=1,
+            tensorboard_logdir=tensorboard_logdir,
+            default_log_format=log_format,
         )
-        for i, step in zip(bar, STEPS):
+        for _, step in zip(bar, STEPS):
             if inner:
                 bar.log(alpha_stats(step), tag="train_inner", step=step)
         bar.print(alpha_stats(STEPS[-1]), tag="train", step=STEPS[-1])
-        valid = progress_bar.progress_bar(range(1), log_format=log_format, epoch=1, prefix="valid on 'valid' subset",
-                                          default_log_format=log_format)
+        valid = progress_bar.progress_bar(
+            range(1), log_format=log_format, epoch=1, prefix="valid on 'valid' subset", default_log_format=log_format
+        )
         valid.print({"loss": 2.5, "num_updates": STEPS[-1]}, tag="valid", step=STEPS[-1])
     finally:
         bar_logger.removeHandler(handler)
@@ -66,8 +80,11 @@ def write_training_log(path, log_format, tensorboard_logdir=None, inner=True, li
 
 
 def series(trajectories, attention, statistic, layer=None, head=None):
-    found = [t for t in trajectories if (t["attention"], t["statistic"], t["layer"], t["head"])
-             == (attention, statistic, layer, head)]
+    found = [
+        t
+        for t in trajectories
+        if (t["attention"], t["statistic"], t["layer"], t["head"]) == (attention, statistic, layer, head)
+    ]
     assert len(found) == 1, f"expected one {attention} {statistic} L{layer} H{head} series"
     return found[0]
 
@@ -119,7 +136,6 @@ def test_log_without_alpha_gives_no_trajectories_and_missing_log_is_an_error(tmp
         read_trajectories(tmp_path / "no_such.log")
 
 
-
 # --- validation learning curves ------------------------------------------------------------
 
 VALIDATE_EVERY, VALIDATED_UPDATES = 10, 30
@@ -130,10 +146,30 @@ def validated_run(tiny_data, tiny_model_args, tmp_path_factory):
     """A tiny softmax model trained through fairseq-train for 30 updates, validated every 10
     (--report-accuracy), logging in simple format to --log-file and to --tensorboard-logdir."""
     root = tmp_path_factory.mktemp("validated_run")
-    run([fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR, *tiny_model_args,
-         "--attention-normalizer", "softmax", "--report-accuracy", "--log-format", "simple",
-         "--validate-interval-updates", str(VALIDATE_EVERY), "--max-update", str(VALIDATED_UPDATES),
-         "--save-dir", root / "checkpoints", "--log-file", root / "train.log", "--tensorboard-logdir", root / "tb"])
+    run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *tiny_model_args,
+            "--attention-normalizer",
+            "softmax",
+            "--report-accuracy",
+            "--log-format",
+            "simple",
+            "--validate-interval-updates",
+            str(VALIDATE_EVERY),
+            "--max-update",
+            str(VALIDATED_UPDATES),
+            "--save-dir",
+            root / "checkpoints",
+            "--log-file",
+            root / "train.log",
+            "--tensorboard-logdir",
+            root / "tb",
+        ]
+    )
     return root
 
 
@@ -143,11 +179,19 @@ def logged_validations(text):
     found = []
     for line in text.splitlines():
         if "valid on 'valid' subset |" in line:
-            found.append((int(re.search(r"\| num_updates (\d+)", line).group(1)),
-                          float(re.search(r"\| ppl ([\d.]+)", line).group(1))))
+            found.append(
+                (
+                    int(re.search(r"\| num_updates (\d+)", line).group(1)),
+                    float(re.search(r"\| ppl ([\d.]+)", line).group(1)),
+                )
+            )
         elif '"valid_num_updates"' in line:
-            found.append((int(re.search(r'"valid_num_updates": "?(\d+)', line).group(1)),
-                          float(re.search(r'"valid_ppl": "?([\d.]+)', line).group(1))))
+            found.append(
+                (
+                    int(re.search(r'"valid_num_updates": "?(\d+)', line).group(1)),
+                    float(re.search(r'"valid_ppl": "?([\d.]+)', line).group(1)),
+                )
+            )
     return found
 
 
@@ -210,15 +254,25 @@ def test_validation_curve_of_simple_and_json_snippets(tmp_path):
     (tmp_path / "json.log").write_text(JSON_SNIPPET)
     # only the validations of the 'valid' subset: not train / train_inner lines, not 'test'
     assert read_validation_curve(tmp_path / "simple.log") == {
-        "num_updates": [500, 1000], "loss": [9.012, 6.2], "nll_loss": [8.55, 5.1], "ppl": [374.8, 34.3],
+        "num_updates": [500, 1000],
+        "loss": [9.012, 6.2],
+        "nll_loss": [8.55, 5.1],
+        "ppl": [374.8, 34.3],
         "accuracy": [12.5, 40.25],
     }
     assert read_validation_curve(tmp_path / "json.log") == {
-        "num_updates": [500, 1000], "loss": [9.012, 6.2], "nll_loss": [8.55, 5.1], "ppl": [374.8, 34.3],
+        "num_updates": [500, 1000],
+        "loss": [9.012, 6.2],
+        "nll_loss": [8.55, 5.1],
+        "ppl": [374.8, 34.3],
     }
     # another validation subset, by its name
     assert read_validation_curve(tmp_path / "simple.log", subset="test") == {
-        "num_updates": [500], "loss": [9.5], "nll_loss": [9.0], "ppl": [512.0]}
+        "num_updates": [500],
+        "loss": [9.5],
+        "nll_loss": [9.0],
+        "ppl": [512.0],
+    }
     assert read_validation_curve(tmp_path / "json.log", subset="test")["ppl"] == [512.0]
     # a log without validations, and no log
     (tmp_path / "none.log").write_text(SIMPLE_SNIPPET.splitlines()[1] + "\n")
@@ -282,7 +336,8 @@ def test_learning_curves_figure_averages_the_runs_of_each_label(tmp_path):
 
 
 def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_variant(
-        validated_run, trained_model, tiny_data, tmp_path):
+    validated_run, trained_model, tiny_data, tmp_path
+):
     """Through the real fairseq-entmax-analyze: two 'seeds' of one variant (the validated run
     twice: its log found in the checkpoint, and given with --train-log) and another model given
     its fairseq-train output; --gen-subset for --subset."""
@@ -291,13 +346,39 @@ def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_variant(
     alpha_log = tmp_path / "alpha_train.log"
     alpha_log.write_text(alpha.train_log)
     output_dir = tmp_path / "analysis"
-    proc = run([
-        BIN_DIR / "fairseq-entmax-analyze", tiny_data.data_bin, "--user-dir", USER_DIR, "--cpu",
-        "--path", checkpoint, "--name", "softmax-seed1", "--train-log", "auto",
-        "--path", checkpoint, "--name", "softmax_seed2", "--train-log", validated_run / "train.log",
-        "--path", alpha.checkpoint, "--name", "alpha", "--train-log", alpha_log,
-        "--gen-subset", "test", "--num-sentences", "8", "--output-dir", output_dir,
-    ])
+    proc = run(
+        [
+            BIN_DIR / "fairseq-entmax-analyze",
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--path",
+            checkpoint,
+            "--name",
+            "softmax-seed1",
+            "--train-log",
+            "auto",
+            "--path",
+            checkpoint,
+            "--name",
+            "softmax_seed2",
+            "--train-log",
+            validated_run / "train.log",
+            "--path",
+            alpha.checkpoint,
+            "--name",
+            "alpha",
+            "--train-log",
+            alpha_log,
+            "--gen-subset",
+            "test",
+            "--num-sentences",
+            "8",
+            "--output-dir",
+            output_dir,
+        ]
+    )
     assert "learning curves: softmax (2 runs), alpha (1 run)" in proc.stdout + proc.stderr
 
     analysis = json.loads((output_dir / "analysis.json").read_text())

@@ -9,6 +9,7 @@ everything unless its caller asks for weights_only (as torch < 2.6 always did): 
 must come from the plugin, not from torch's default. Each test then loads the same file with
 torch.load(weights_only=False) and sees the marker appear: the payload is live.
 """
+
 import os
 import subprocess
 import sys
@@ -68,24 +69,76 @@ def _train(checkpoint, model, tmp_path, restore):
         extra = []
     else:
         extra = ["--restore-file", checkpoint]
-    args = [fairseq_command("fairseq-train"), model.data_bin, "--user-dir", USER_DIR,
-            *TINY_MODEL_ARGS, *TRAINING_ARGS, "--max-update", "1", "--save-dir", save_dir, *extra]
+    args = [
+        fairseq_command("fairseq-train"),
+        model.data_bin,
+        "--user-dir",
+        USER_DIR,
+        *TINY_MODEL_ARGS,
+        *TRAINING_ARGS,
+        "--max-update",
+        "1",
+        "--save-dir",
+        save_dir,
+        *extra,
+    ]
     return args, checkpoint
 
 
 COMMANDS = {
     "train --restore-file": lambda c, m, t: _train(c, m, t, "restore_file"),
     "train checkpoint_last.pt": lambda c, m, t: _train(c, m, t, "checkpoint_last"),
-    "generate": lambda c, m, t: ([fairseq_command("fairseq-generate"), m.data_bin, "--path", c,
-                                  "--user-dir", USER_DIR, "--cpu"], c),
-    "interactive": lambda c, m, t: ([fairseq_command("fairseq-interactive"), m.data_bin, "--path", c,
-                                     "--user-dir", USER_DIR, "--cpu", "--source-lang", "src",
-                                     "--target-lang", "tgt"], c),
-    "validate": lambda c, m, t: ([fairseq_command("fairseq-validate"), m.data_bin, "--path", c,
-                                  "--user-dir", USER_DIR, "--cpu", "--task", "translation",
-                                  "--valid-subset", "test", "--max-tokens", "4000"], c),
-    "analyze": lambda c, m, t: ([fairseq_command("fairseq-entmax-analyze"), m.data_bin, "--path", c,
-                                 "--output-dir", t / "analysis", "--cpu", "--no-figures"], c),
+    "generate": lambda c, m, t: (
+        [fairseq_command("fairseq-generate"), m.data_bin, "--path", c, "--user-dir", USER_DIR, "--cpu"],
+        c,
+    ),
+    "interactive": lambda c, m, t: (
+        [
+            fairseq_command("fairseq-interactive"),
+            m.data_bin,
+            "--path",
+            c,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+        ],
+        c,
+    ),
+    "validate": lambda c, m, t: (
+        [
+            fairseq_command("fairseq-validate"),
+            m.data_bin,
+            "--path",
+            c,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--task",
+            "translation",
+            "--valid-subset",
+            "test",
+            "--max-tokens",
+            "4000",
+        ],
+        c,
+    ),
+    "analyze": lambda c, m, t: (
+        [
+            fairseq_command("fairseq-entmax-analyze"),
+            m.data_bin,
+            "--path",
+            c,
+            "--output-dir",
+            t / "analysis",
+            "--cpu",
+            "--no-figures",
+        ],
+        c,
+    ),
 }
 
 
@@ -97,8 +150,9 @@ def test_command_refuses_payload_checkpoint(command, payload, tmp_path):
     output = proc.stdout + proc.stderr
     assert not marker.exists(), "the payload ran"
     assert proc.returncode == 2, output[-3000:]
-    assert f"Refusing to load checkpoint {checkpoint}: it contains a pickled posix.system" in proc.stderr, \
-        output[-3000:]
+    assert f"Refusing to load checkpoint {checkpoint}: it contains a pickled posix.system" in proc.stderr, output[
+        -3000:
+    ]
     assert "Traceback" not in output, output[-3000:]
     assert_payload_is_live(checkpoint, marker)
 
@@ -126,7 +180,10 @@ def test_hub_interface_refuses_payload_checkpoint(payload):
     checkpoint, marker, model = payload
     proc = subprocess.run(
         [sys.executable, "-c", HUB_SCRIPT, checkpoint.parent, checkpoint.name, model.data_bin, USER_DIR],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **TORCH_DEFAULT_OFF},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **TORCH_DEFAULT_OFF},
     )
     output = proc.stdout + proc.stderr
     assert not marker.exists(), "the payload ran"

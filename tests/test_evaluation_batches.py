@@ -8,6 +8,7 @@ On a corpus of 20 sentences per split (not a multiple of 8), without
 fairseq-generate and fairseq-validate with the plugin (--user-dir) and without it. Plain
 fairseq is the positive control: it shows the defect (16 of 20) that the plugin repairs.
 """
+
 import json
 import re
 
@@ -23,13 +24,34 @@ FLAVOURS = {"plugin": ["--user-dir", USER_DIR], "plain": []}
 # (argparse.Namespace): let it unpickle this trusted file the old way.
 PLAIN_LOADING = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 TRAINING_ARGS = [
-    "--arch", "transformer", *TINY_MODEL_ARGS[2:],
-    "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "fixed",
-    "--criterion", "label_smoothed_cross_entropy", "--cpu", "--seed", "1",
+    "--arch",
+    "transformer",
+    *TINY_MODEL_ARGS[2:],
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.005",
+    "--lr-scheduler",
+    "fixed",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--cpu",
+    "--seed",
+    "1",
     # 20 training sentences in batches of 8: 8 + 8 + 4, fairseq's trainer drops the 4.
     # One validation batch of up to 20 sentences: plain fairseq cuts it to 16.
-    "--batch-size", "8", "--batch-size-valid", str(N), "--max-epoch", "1",
-    "--log-format", "json", "--log-interval", "1", "--no-progress-bar", "--no-epoch-checkpoints",
+    "--batch-size",
+    "8",
+    "--batch-size-valid",
+    str(N),
+    "--max-epoch",
+    "1",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "1",
+    "--no-progress-bar",
+    "--no-epoch-checkpoints",
 ]
 
 
@@ -49,8 +71,9 @@ def trained(data_bin, tmp_path_factory):
     def train(flavour):
         if flavour not in runs:
             save_dir = tmp_path_factory.mktemp(f"train_{flavour}")
-            proc = run([fairseq_command("fairseq-train"), data_bin, *FLAVOURS[flavour], *TRAINING_ARGS,
-                        "--save-dir", save_dir])
+            proc = run(
+                [fairseq_command("fairseq-train"), data_bin, *FLAVOURS[flavour], *TRAINING_ARGS, "--save-dir", save_dir]
+            )
             runs[flavour] = save_dir / "checkpoint_last.pt", proc.stdout + proc.stderr
         return runs[flavour]
 
@@ -80,8 +103,21 @@ def test_training_batches_are_fairseqs_and_its_validation_sees_every_sentence(tr
 @pytest.mark.parametrize("flavour, translated", [("plugin", N), ("plain", FAIRSEQ_DROPS_TO)])
 def test_generate_translates_every_sentence(flavour, translated, trained, data_bin):
     checkpoint = trained("plain")[0]
-    proc = run([fairseq_command("fairseq-generate"), data_bin, "--path", checkpoint, *FLAVOURS[flavour],
-                "--cpu", "--beam", "1", "--max-len-b", "12"], env=PLAIN_LOADING)
+    proc = run(
+        [
+            fairseq_command("fairseq-generate"),
+            data_bin,
+            "--path",
+            checkpoint,
+            *FLAVOURS[flavour],
+            "--cpu",
+            "--beam",
+            "1",
+            "--max-len-b",
+            "12",
+        ],
+        env=PLAIN_LOADING,
+    )
     hypotheses = {line.split("\t")[0] for line in proc.stdout.splitlines() if line.startswith("H-")}
     assert len(hypotheses) == translated, proc.stdout[-3000:]
     assert f"Translated {translated} sentences" in proc.stdout + proc.stderr
@@ -91,8 +127,24 @@ def test_generate_translates_every_sentence(flavour, translated, trained, data_b
 def test_validate_evaluates_every_sentence(flavour, evaluated, trained, data_bin):
     """fairseq-validate --batch-size 20: one batch, whose size (bsz) is the sentences seen."""
     checkpoint = trained("plain")[0]
-    proc = run([fairseq_command("fairseq-validate"), data_bin, "--path", checkpoint, *FLAVOURS[flavour],
-                "--cpu", "--task", "translation", "--valid-subset", "test", "--batch-size", str(N),
-                "--log-format", "json"], env=PLAIN_LOADING)
+    proc = run(
+        [
+            fairseq_command("fairseq-validate"),
+            data_bin,
+            "--path",
+            checkpoint,
+            *FLAVOURS[flavour],
+            "--cpu",
+            "--task",
+            "translation",
+            "--valid-subset",
+            "test",
+            "--batch-size",
+            str(N),
+            "--log-format",
+            "json",
+        ],
+        env=PLAIN_LOADING,
+    )
     output = proc.stdout + proc.stderr
     assert float(json_log_line(output, "bsz")["test_bsz"]) == evaluated, output[-3000:]

@@ -2,6 +2,7 @@
 no path around the normalizer in the state fairseq-generate uses, incremental decoding and
 beam search equal to the full forward, softmax equal to fairseq's own transformer, learned
 alpha, the choice of normalizer per attention type."""
+
 import argparse
 import math
 import subprocess
@@ -17,19 +18,29 @@ from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR
 
 TINY_SIZES = [
-    "--encoder-layers", "2", "--decoder-layers", "2",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
     "--share-all-embeddings",
 ]
 
 
 def parse_training_args(data_bin, arguments):
     parser = options.get_training_parser()
-    return options.parse_args_and_arch(
-        parser, [str(data_bin), "--user-dir", USER_DIR, "--cpu", *arguments]
-    )
+    return options.parse_args_and_arch(parser, [str(data_bin), "--user-dir", USER_DIR, "--cpu", *arguments])
 
 
 def build_model(data_bin, arguments, seed=0):
@@ -54,9 +65,9 @@ def load_for_generation(model_info):
 
 def test_batch(task, split="test", max_sentences=8):
     task.load_dataset(split)
-    iterator = task.get_batch_iterator(
-        dataset=task.dataset(split), max_sentences=max_sentences
-    ).next_epoch_itr(shuffle=False)
+    iterator = task.get_batch_iterator(dataset=task.dataset(split), max_sentences=max_sentences).next_epoch_itr(
+        shuffle=False
+    )
     return next(iterator)
 
 
@@ -67,6 +78,7 @@ def record_normalizer_calls(model, monkeypatch):
     """Wrap every attention's normalizer to keep its (scores, probabilities)."""
     calls = {}
     for attention_type, layer, attention in sparse_attention_modules(model):
+
         def normalize(scores, original=attention.normalize, key=(attention_type, layer)):
             probabilities = original(scores)
             calls.setdefault(key, []).append((scores.detach(), probabilities.detach()))
@@ -122,9 +134,12 @@ def test_returned_attention_weights_are_the_sparse_probabilities(trained_model):
         encoder_out = model.encoder(net_input["src_tokens"], net_input["src_lengths"])
         states = encoder_out["encoder_out"][0]
         _, head_weights = model.decoder.layers[-1].encoder_attn(
-            torch.randn(3, batch, 32), states, states,
+            torch.randn(3, batch, 32),
+            states,
+            states,
             key_padding_mask=encoder_out["encoder_padding_mask"][0],
-            static_kv=True, need_head_weights=True,
+            static_kv=True,
+            need_head_weights=True,
         )
     averaged = extra["attn"][0]  # (batch, target, source)
     torch.testing.assert_close(averaged.sum(-1), torch.ones(averaged.shape[:2]), atol=1e-5, rtol=0)
@@ -148,7 +163,8 @@ def test_incremental_decoding_equals_the_full_forward(trained_model, normalizer)
         incremental_state = {}
         for step in range(prev_output_tokens.size(1)):
             step_logits, step_extra = model.decoder(
-                prev_output_tokens[:, : step + 1], encoder_out=encoder_out,
+                prev_output_tokens[:, : step + 1],
+                encoder_out=encoder_out,
                 incremental_state=incremental_state,
             )
             # Padding positions at the end of shorter targets are garbage in both (as in
@@ -176,7 +192,7 @@ def test_beam_search_scores_equal_the_full_forward(trained_model, normalizer):
         prev_output_tokens = torch.cat([torch.tensor([[eos]]), tokens[:, :-1]], dim=1)
         length = int(sample["net_input"]["src_lengths"][i])
         src_tokens = sample["net_input"]["src_tokens"][i : i + 1]
-        src_tokens = src_tokens[:, src_tokens.size(1) - length:]  # left-padded source
+        src_tokens = src_tokens[:, src_tokens.size(1) - length :]  # left-padded source
         with torch.no_grad():
             logits, _ = model(src_tokens, torch.tensor([length]), prev_output_tokens)
             log_probs = model.get_normalized_probs((logits, None), log_probs=True)
@@ -190,7 +206,11 @@ def test_beamable_cross_attention_equals_the_plain_one(normalizer):
     beam size is set, as BART's generation does) gives the same output and weights."""
     torch.manual_seed(0)
     attention = SparseMultiheadAttention(
-        16, 4, attention_type="cross", normalizer_name=normalizer, topk=2,
+        16,
+        4,
+        attention_type="cross",
+        normalizer_name=normalizer,
+        topk=2,
         encoder_decoder_attention=True,
     ).eval()
     beam, sentences, source_len = 3, 2, 5
@@ -200,11 +220,19 @@ def test_beamable_cross_attention_equals_the_plain_one(normalizer):
     padding[1, :2] = True
     replicated_keys = keys.repeat_interleave(beam, dim=1)
     replicated_padding = padding.repeat_interleave(beam, dim=0)
-    plain = attention(query, replicated_keys, replicated_keys, key_padding_mask=replicated_padding,
-                      static_kv=True, incremental_state={}, need_head_weights=True)
+    plain = attention(
+        query,
+        replicated_keys,
+        replicated_keys,
+        key_padding_mask=replicated_padding,
+        static_kv=True,
+        incremental_state={},
+        need_head_weights=True,
+    )
     attention.set_beam_size(beam)
-    beamable = attention(query, keys, keys, key_padding_mask=padding, static_kv=True,
-                         incremental_state={}, need_head_weights=True)
+    beamable = attention(
+        query, keys, keys, key_padding_mask=padding, static_kv=True, incremental_state={}, need_head_weights=True
+    )
     torch.testing.assert_close(beamable[0], plain[0], atol=1e-5, rtol=0)
     torch.testing.assert_close(beamable[1], plain[1], atol=1e-5, rtol=0)
 
@@ -217,7 +245,8 @@ def test_a_boolean_attention_mask_hides_what_it_marks(normalizer):
 
     torch.manual_seed(0)
     attention = SparseMultiheadAttention(
-        16, 4, attention_type="decoder_self", normalizer_name=normalizer, topk=2, self_attention=True).eval()
+        16, 4, attention_type="decoder_self", normalizer_name=normalizer, topk=2, self_attention=True
+    ).eval()
     x = torch.randn(5, 2, 16)
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)
     additive = torch.zeros(5, 5).masked_fill(future, float("-inf"))
@@ -233,8 +262,9 @@ def test_a_boolean_attention_mask_hides_what_it_marks(normalizer):
 
 def test_softmax_everywhere_equals_fairseqs_transformer(tiny_data):
     ours, task = build_model(
-        tiny_data.data_bin, ["--arch", "adaptively_sparse_transformer", "--attention-normalizer", "softmax",
-                             "--dropout", "0", *TINY_SIZES])
+        tiny_data.data_bin,
+        ["--arch", "adaptively_sparse_transformer", "--attention-normalizer", "softmax", "--dropout", "0", *TINY_SIZES],
+    )
     reference, _ = build_model(tiny_data.data_bin, ["--arch", "transformer", "--dropout", "0", *TINY_SIZES])
     assert ours.state_dict().keys() == reference.state_dict().keys()
     ours.load_state_dict(reference.state_dict())
@@ -282,9 +312,18 @@ def test_alpha_initialisation_and_clamp(tiny_data):
         assert torch.equal(attention.head_alpha(), torch.full((4,), 1.01))
 
     for alpha_init in ("1.5", "2"):
-        model, _ = build_model(tiny_data.data_bin, [
-            "--arch", "adaptively_sparse_transformer", "--alpha-init", alpha_init,
-            "--alpha-clamp", "1.2,2", *TINY_SIZES])
+        model, _ = build_model(
+            tiny_data.data_bin,
+            [
+                "--arch",
+                "adaptively_sparse_transformer",
+                "--alpha-init",
+                alpha_init,
+                "--alpha-clamp",
+                "1.2,2",
+                *TINY_SIZES,
+            ],
+        )
         for _, _, attention in sparse_attention_modules(model):
             torch.testing.assert_close(attention.head_alpha(), torch.full((4,), float(alpha_init)), atol=1e-5, rtol=0)
             with torch.no_grad():
@@ -295,12 +334,22 @@ def test_alpha_initialisation_and_clamp(tiny_data):
 def test_every_attention_is_listed_in_training_with_layerdrop(tiny_data):
     """With --encoder/decoder-layerdrop, iterating the layers in training mode skips some at
     random: the alpha log then covered a random subset of layers, under shifted indices."""
-    model, _ = build_model(tiny_data.data_bin, [
-        "--arch", "adaptively_sparse_transformer", "--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5",
-        *TINY_SIZES])
+    model, _ = build_model(
+        tiny_data.data_bin,
+        [
+            "--arch",
+            "adaptively_sparse_transformer",
+            "--encoder-layerdrop",
+            "0.5",
+            "--decoder-layerdrop",
+            "0.5",
+            *TINY_SIZES,
+        ],
+    )
     model.train()
     expected = [(t, layer) for t in ("encoder_self",) for layer in range(2)] + [
-        (t, layer) for layer in range(2) for t in ("decoder_self", "cross")]
+        (t, layer) for layer in range(2) for t in ("decoder_self", "cross")
+    ]
     for _ in range(10):
         listed = [(t, layer, m) for t, layer, m in sparse_attention_modules(model)]
         assert [(t, layer) for t, layer, _ in listed] == expected
@@ -310,15 +359,30 @@ def test_every_attention_is_listed_in_training_with_layerdrop(tiny_data):
 
 
 def test_each_attention_type_gets_its_own_normalizer(tiny_data):
-    model, _ = build_model(tiny_data.data_bin, [
-        "--arch", "adaptively_sparse_transformer", "--attention-normalizer", "entmax15",
-        "--encoder-self-attention-normalizer", "sparsemax",
-        "--cross-attention-normalizer", "topk", "--topk", "2", *TINY_SIZES])
+    model, _ = build_model(
+        tiny_data.data_bin,
+        [
+            "--arch",
+            "adaptively_sparse_transformer",
+            "--attention-normalizer",
+            "entmax15",
+            "--encoder-self-attention-normalizer",
+            "sparsemax",
+            "--cross-attention-normalizer",
+            "topk",
+            "--topk",
+            "2",
+            *TINY_SIZES,
+        ],
+    )
     chosen = {(t, layer): m.normalizer_name for t, layer, m in sparse_attention_modules(model)}
     assert chosen == {
-        ("encoder_self", 0): "sparsemax", ("encoder_self", 1): "sparsemax",
-        ("decoder_self", 0): "entmax15", ("decoder_self", 1): "entmax15",
-        ("cross", 0): "topk", ("cross", 1): "topk",
+        ("encoder_self", 0): "sparsemax",
+        ("encoder_self", 1): "sparsemax",
+        ("decoder_self", 0): "entmax15",
+        ("decoder_self", 1): "entmax15",
+        ("cross", 0): "topk",
+        ("cross", 1): "topk",
     }
     alphas = {t: m.head_alpha() for t, _, m in sparse_attention_modules(model)}
     assert torch.equal(alphas["encoder_self"], torch.full((4,), 2.0))
@@ -328,22 +392,36 @@ def test_each_attention_type_gets_its_own_normalizer(tiny_data):
     assert not any(name.endswith("alpha_logit") for name, _ in model.named_parameters())
 
 
-@pytest.mark.parametrize("arch, normalizer, sizes", [
-    ("adaptively_sparse_transformer", "alpha_entmax", "transformer"),
-    ("adaptively_sparse_transformer_iwslt_de_en", "alpha_entmax", "transformer_iwslt_de_en"),
-    ("adaptively_sparse_transformer_wmt_en_de", "alpha_entmax", "transformer_wmt_en_de"),
-    ("adaptively_sparse_transformer_vaswani_wmt_en_de_big", "alpha_entmax", "transformer_vaswani_wmt_en_de_big"),
-    ("explicit_sparse_transformer", "topk", "transformer"),
-    ("explicit_sparse_transformer_iwslt_de_en", "topk", "transformer_iwslt_de_en"),
-    ("explicit_sparse_transformer_wmt_en_de", "topk", "transformer_wmt_en_de"),
-    ("explicit_sparse_transformer_vaswani_wmt_en_de_big", "topk", "transformer_vaswani_wmt_en_de_big"),
-])
+@pytest.mark.parametrize(
+    "arch, normalizer, sizes",
+    [
+        ("adaptively_sparse_transformer", "alpha_entmax", "transformer"),
+        ("adaptively_sparse_transformer_iwslt_de_en", "alpha_entmax", "transformer_iwslt_de_en"),
+        ("adaptively_sparse_transformer_wmt_en_de", "alpha_entmax", "transformer_wmt_en_de"),
+        ("adaptively_sparse_transformer_vaswani_wmt_en_de_big", "alpha_entmax", "transformer_vaswani_wmt_en_de_big"),
+        ("explicit_sparse_transformer", "topk", "transformer"),
+        ("explicit_sparse_transformer_iwslt_de_en", "topk", "transformer_iwslt_de_en"),
+        ("explicit_sparse_transformer_wmt_en_de", "topk", "transformer_wmt_en_de"),
+        ("explicit_sparse_transformer_vaswani_wmt_en_de_big", "topk", "transformer_vaswani_wmt_en_de_big"),
+    ],
+)
 def test_architectures_have_fairseqs_sizes_and_their_default_attention(tiny_data, arch, normalizer, sizes):
     ours = vars(parse_training_args(tiny_data.data_bin, ["--arch", arch]))
     reference = vars(parse_training_args(tiny_data.data_bin, ["--arch", sizes]))
-    for key in ("encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
-                "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
-                "dropout", "attention_dropout", "encoder_normalize_before", "share_decoder_input_output_embed"):
+    for key in (
+        "encoder_embed_dim",
+        "encoder_ffn_embed_dim",
+        "encoder_layers",
+        "encoder_attention_heads",
+        "decoder_embed_dim",
+        "decoder_ffn_embed_dim",
+        "decoder_layers",
+        "decoder_attention_heads",
+        "dropout",
+        "attention_dropout",
+        "encoder_normalize_before",
+        "share_decoder_input_output_embed",
+    ):
         assert ours[key] == reference[key], key
     assert ours["attention_normalizer"] == normalizer
     assert ours["topk"] == 8 and ours["alpha_init"] == "random" and tuple(ours["alpha_clamp"]) == (1.01, 2.0)
@@ -353,8 +431,13 @@ def topk_fraction_attention(attention_type, fraction, minimum):
     """Self-attention (width 16, 2 heads) with top-k keeping a share of the keys, eval mode."""
     torch.manual_seed(0)
     return SparseMultiheadAttention(
-        16, 2, attention_type=attention_type, normalizer_name="topk",
-        topk_fraction=fraction, topk_min=minimum, self_attention=True,
+        16,
+        2,
+        attention_type=attention_type,
+        normalizer_name="topk",
+        topk_fraction=fraction,
+        topk_min=minimum,
+        self_attention=True,
     ).eval()
 
 
@@ -376,8 +459,9 @@ def test_topk_fraction_decodes_incrementally_as_in_training():
     full, full_weights = attention(x, x, x, attn_mask=future, need_head_weights=True)
     incremental_state = {}
     for t in range(length):
-        step, step_weights = attention(x[t : t + 1], x[t : t + 1], x[t : t + 1],
-                                       incremental_state=incremental_state, need_head_weights=True)
+        step, step_weights = attention(
+            x[t : t + 1], x[t : t + 1], x[t : t + 1], incremental_state=incremental_state, need_head_weights=True
+        )
         torch.testing.assert_close(step[0], full[t], atol=1e-5, rtol=0)
         kept = (step_weights > 0).sum(-1)
         assert (kept == max(1, math.ceil(0.3 * (t + 1)))).all(), t
@@ -421,8 +505,9 @@ def test_without_fairseq_only_the_normalizers_import():
 def test_activation_checkpointing_wraps_the_sparse_layers(tiny_data):
     """--checkpoint-activations: fairseq's wrapping of each layer is kept, and the wrapped
     layers still use (and train) the sparse attention."""
-    model, task = build_model(tiny_data.data_bin, [
-        "--arch", "adaptively_sparse_transformer", "--checkpoint-activations", *TINY_SIZES])
+    model, task = build_model(
+        tiny_data.data_bin, ["--arch", "adaptively_sparse_transformer", "--checkpoint-activations", *TINY_SIZES]
+    )
     assert all(hasattr(layer, "precheckpoint_forward") for layer in model.encoder.layers)
     assert len(list(sparse_attention_modules(model))) == 6
     sample = test_batch(task, split="train")

@@ -2,6 +2,7 @@
 interface load ours. (A checkpoint carrying a payload that would run code is refused wherever
 a checkpoint is read: test_checkpoint_refusal.py.) The sparse attention state carries a
 version, so that a later change of what it stores still loads older checkpoints."""
+
 import os
 import subprocess
 import sys
@@ -31,10 +32,19 @@ def test_checkpoint_saved_under_numpy_1_loads(trained_model, tmp_path):
                 data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
             target.writestr(item, data)
 
-    proc = run([
-        fairseq_command("fairseq-generate"), model.data_bin, "--path", numpy1,
-        "--user-dir", USER_DIR, "--cpu", "--beam", "2",
-    ])
+    proc = run(
+        [
+            fairseq_command("fairseq-generate"),
+            model.data_bin,
+            "--path",
+            numpy1,
+            "--user-dir",
+            USER_DIR,
+            "--cpu",
+            "--beam",
+            "2",
+        ]
+    )
     assert "Translated 40 sentences" in proc.stdout + proc.stderr
 
 
@@ -51,7 +61,9 @@ def test_hub_interface_translates_with_our_user_dir(trained_model, tiny_data):
     )
     proc = subprocess.run(
         [sys.executable, "-c", code, str(model.save_dir), str(model.data_bin), USER_DIR, source],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -69,7 +81,8 @@ def _load(checkpoint, data_bin):
     from fairseq import checkpoint_utils
 
     (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data_bin)})
+        [str(checkpoint)], arg_overrides={"data": str(data_bin)}
+    )
     return model
 
 
@@ -119,8 +132,9 @@ def test_an_old_version_goes_through_the_upgrades_and_a_newer_one_is_refused(tra
     monkeypatch.setattr(attention_module, "STATE_VERSION", 2)
     monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {1: lambda state_dict, prefix: upgraded.append(prefix)})
     _load(model.checkpoint, model.data_bin)
-    assert sorted(upgraded) == sorted(key[: -len("alpha_logit")] for key in _alpha_keys(
-        torch.load(model.checkpoint, weights_only=True)["model"]))
+    assert sorted(upgraded) == sorted(
+        key[: -len("alpha_logit")] for key in _alpha_keys(torch.load(model.checkpoint, weights_only=True)["model"])
+    )
 
     monkeypatch.setattr(attention_module, "STATE_VERSION", 1)
     monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {})

@@ -1,6 +1,7 @@
 """The plugin through fairseq's own commands, as a user runs them: fairseq-train for every
 normalizer, fairseq-generate (beam 4, BLEU, --print-alignment, --fp16), fairseq-interactive,
 fairseq-validate, resuming a killed training, TensorBoard logging of every head's alpha."""
+
 import argparse
 import json
 import math
@@ -12,8 +13,8 @@ import numpy
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 
+from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, fairseq_command, run
@@ -55,11 +56,23 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     assert records, model.train_log[-3000:]
     assert float(records[-1]["loss"]) < float(records[0]["loss"]) - 0.5, "training did not learn"
 
-    proc = run([
-        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
-        "--print-alignment", "soft",
-    ])
+    proc = run(
+        [
+            fairseq_command("fairseq-generate"),
+            model.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            model.checkpoint,
+            "--beam",
+            "4",
+            "--batch-size",
+            "16",
+            "--cpu",
+            "--print-alignment",
+            "soft",
+        ]
+    )
     output = proc.stdout + proc.stderr
     hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", output, flags=re.M)
     assert len(hypotheses) == 40  # the tiny test set
@@ -92,8 +105,17 @@ def test_generate_in_half_precision(trained_model, normalizer):
     return float16) translates as the float32 model does."""
     model = trained_model(normalizer)
     command = [
-        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--beam", "4", "--batch-size", "16", "--cpu",
+        fairseq_command("fairseq-generate"),
+        model.data_bin,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        model.checkpoint,
+        "--beam",
+        "4",
+        "--batch-size",
+        "16",
+        "--cpu",
     ]
     full_hypotheses, full_scores = generated(run(command).stdout)
     half = run(command + ["--fp16"])
@@ -118,9 +140,7 @@ def test_learned_alpha_is_in_the_training_log(trained_model):
             assert 1.01 <= low <= mean <= high <= 2.0
     # alpha is learned: it moves during training.
     first, last = records[0], records[-1]
-    assert any(
-        first[f"alpha_{t}_mean"] != last[f"alpha_{t}_mean"] for t in ATTENTION_TYPES
-    )
+    assert any(first[f"alpha_{t}_mean"] != last[f"alpha_{t}_mean"] for t in ATTENTION_TYPES)
     # Softmax learns nothing of the kind, and says nothing about alpha.
     softmax_records = json_records(trained_model("softmax").train_log, "train_inner")
     assert softmax_records and not any(k.startswith("alpha_") for r in softmax_records for k in r)
@@ -130,11 +150,26 @@ def test_alphas_next_to_one_train(tiny_data, tmp_path):
     """--alpha-clamp lets alpha go down to 1. Heads started a hair above it used to make
     NaN attention (float32 rounding in the threshold search), and fairseq-train stopped at
     the first update; their alpha gradient was also off by orders of magnitude there."""
-    proc = run([
-        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", tmp_path / "checkpoints",
-        "--max-update", "4", "--log-interval", "1", "--alpha-clamp", "1,2", "--alpha-init", "1.000001",
-    ])
+    proc = run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *TINY_MODEL_ARGS,
+            *TRAINING_ARGS,
+            "--save-dir",
+            tmp_path / "checkpoints",
+            "--max-update",
+            "4",
+            "--log-interval",
+            "1",
+            "--alpha-clamp",
+            "1,2",
+            "--alpha-init",
+            "1.000001",
+        ]
+    )
     records = json_records(proc.stdout + proc.stderr, "train_inner")
     assert [int(r["num_updates"]) for r in records] == [1, 2, 3, 4]
     assert all(math.isfinite(float(r["loss"])) and math.isfinite(float(r["gnorm"])) for r in records)
@@ -146,9 +181,21 @@ def test_interactive_translates_typed_sentences(trained_model, tiny_data):
     model = trained_model("alpha_entmax")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:3]
     proc = run(
-        [fairseq_command("fairseq-interactive"), model.data_bin, "--user-dir", USER_DIR,
-         "--path", model.checkpoint, "--beam", "4", "--cpu",
-         "--source-lang", "src", "--target-lang", "tgt"],
+        [
+            fairseq_command("fairseq-interactive"),
+            model.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            model.checkpoint,
+            "--beam",
+            "4",
+            "--cpu",
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+        ],
         input="\n".join(sources) + "\n",
     )
     hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", proc.stdout, flags=re.M)
@@ -159,11 +206,23 @@ def test_interactive_translates_typed_sentences(trained_model, tiny_data):
 
 def test_validate_loads_the_checkpoint(trained_model):
     model = trained_model("entmax15")
-    proc = run([
-        fairseq_command("fairseq-validate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--task", "translation", "--cpu", "--valid-subset", "valid",
-        "--max-tokens", "1000",
-    ])
+    proc = run(
+        [
+            fairseq_command("fairseq-validate"),
+            model.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            model.checkpoint,
+            "--task",
+            "translation",
+            "--cpu",
+            "--valid-subset",
+            "valid",
+            "--max-tokens",
+            "1000",
+        ]
+    )
     found = re.search(r"valid on 'valid' subset \| loss ([0-9.]+)", proc.stdout + proc.stderr)
     assert found and math.isfinite(float(found.group(1)))
 
@@ -173,14 +232,18 @@ def _alpha_summary(state_dict):
     as the training log reports them."""
     summary = {}
     for attention_type, module_name in (
-        ("encoder_self", "self_attn"), ("decoder_self", "self_attn"), ("cross", "encoder_attn"),
+        ("encoder_self", "self_attn"),
+        ("decoder_self", "self_attn"),
+        ("cross", "encoder_attn"),
     ):
         side = "encoder" if attention_type == "encoder_self" else "decoder"
-        values = torch.cat([
-            torch.clamp(1 + torch.sigmoid(value.float()), 1.01, 2.0)
-            for key, value in state_dict.items()
-            if key.startswith(f"{side}.layers.") and key.endswith(f".{module_name}.alpha_logit")
-        ])
+        values = torch.cat(
+            [
+                torch.clamp(1 + torch.sigmoid(value.float()), 1.01, 2.0)
+                for key, value in state_dict.items()
+                if key.startswith(f"{side}.layers.") and key.endswith(f".{module_name}.alpha_logit")
+            ]
+        )
         summary[f"alpha_{attention_type}_mean"] = round(values.mean().item(), 4)
         summary[f"alpha_{attention_type}_min"] = round(values.min().item(), 4)
         summary[f"alpha_{attention_type}_max"] = round(values.max().item(), 4)
@@ -190,14 +253,25 @@ def _alpha_summary(state_dict):
 def test_training_killed_mid_run_resumes_with_its_saved_alphas(tiny_data, tmp_path):
     save_dir = tmp_path / "checkpoints"
     command = [
-        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", save_dir, "--log-interval", "1",
-        "--save-interval-updates", "6",
+        fairseq_command("fairseq-train"),
+        tiny_data.data_bin,
+        "--user-dir",
+        USER_DIR,
+        *TINY_MODEL_ARGS,
+        *TRAINING_ARGS,
+        "--save-dir",
+        save_dir,
+        "--log-interval",
+        "1",
+        "--save-interval-updates",
+        "6",
     ]
     # Train "forever" and kill the process once it has saved a checkpoint.
     proc = subprocess.Popen(
         [str(a) for a in command] + ["--max-update", "100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
@@ -231,14 +305,30 @@ def test_tensorboard_gets_every_heads_alpha(tiny_data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logdir = tmp_path / "tensorboard"
-    run([
-        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--save-dir", tmp_path / "checkpoints",
-        "--max-update", "4", "--log-interval", "1", "--tensorboard-logdir", logdir,
-        "--alpha-init", "1.5",
-        # Also: validation BLEU puts numpy arrays into the checkpoint's metrics state.
-        "--eval-bleu", "--eval-bleu-args", '{"beam": 1, "max_len_b": 10}',
-    ])
+    run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *TINY_MODEL_ARGS,
+            *TRAINING_ARGS,
+            "--save-dir",
+            tmp_path / "checkpoints",
+            "--max-update",
+            "4",
+            "--log-interval",
+            "1",
+            "--tensorboard-logdir",
+            logdir,
+            "--alpha-init",
+            "1.5",
+            # Also: validation BLEU puts numpy arrays into the checkpoint's metrics state.
+            "--eval-bleu",
+            "--eval-bleu-args",
+            '{"beam": 1, "max_len_b": 10}',
+        ]
+    )
     # The allowlist fairseq_entmax installs covers what this checkpoint holds, with
     # weights_only on.
     checkpoint = tmp_path / "checkpoints" / "checkpoint_last.pt"

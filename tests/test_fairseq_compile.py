@@ -1,6 +1,7 @@
 """--compile-normalizers through the real commands: fairseq-train and fairseq-generate run the
 attention normalizers through torch.compile, without a recompilation per batch shape, and
 translate as the eager model does."""
+
 import re
 
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
@@ -24,18 +25,42 @@ def hypotheses(log):
 
 def test_train_and_generate_with_compiled_normalizers(tiny_data, tmp_path):
     env = {"TORCH_LOGS": "recompiles"}  # torch prints each recompilation and its reason
-    trained = run([
-        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-        *TINY_MODEL_ARGS, *TRAINING_ARGS, "--attention-normalizer", "entmax15",
-        "--compile-normalizers", "--max-update", "8", "--save-dir", tmp_path,
-    ], env=env)
+    trained = run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            *TINY_MODEL_ARGS,
+            *TRAINING_ARGS,
+            "--attention-normalizer",
+            "entmax15",
+            "--compile-normalizers",
+            "--max-update",
+            "8",
+            "--save-dir",
+            tmp_path,
+        ],
+        env=env,
+    )
     train_log = trained.stdout + trained.stderr
     assert "compiled" in train_log, "the model summary does not show compiled normalizers"
     assert 'num_updates": "8"' in train_log, "training did not reach 8 updates"
     assert recompilations(train_log) <= MAX_RECOMPILATIONS, train_log[-3000:]
 
-    generate = [fairseq_command("fairseq-generate"), tiny_data.data_bin, "--user-dir", USER_DIR,
-                "--path", tmp_path / "checkpoint_last.pt", "--beam", "3", "--cpu", "--gen-subset", "test"]
+    generate = [
+        fairseq_command("fairseq-generate"),
+        tiny_data.data_bin,
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        tmp_path / "checkpoint_last.pt",
+        "--beam",
+        "3",
+        "--cpu",
+        "--gen-subset",
+        "test",
+    ]
     compiled = run(generate, env=env)
     eager = run(generate + ["--model-overrides", "{'compile_normalizers': False}"])
     compiled_log = compiled.stdout + compiled.stderr

@@ -8,6 +8,7 @@ another normalizer would pass them. Here, for the same source sentences and the 
 sentence. Each tool keeps its own batching (generate: 16 sentences with
 --required-batch-size-multiple 1; interactive: one at a time; the hub: by the checkpoint's
 --max-tokens), so padding must not change a translation either."""
+
 import math
 import re
 
@@ -36,12 +37,27 @@ def sources(tiny_data):
 
 
 def generate(model):
-    proc = run([
-        fairseq_command("fairseq-generate"), model.data_bin, "--user-dir", USER_DIR,
-        "--path", model.checkpoint, "--gen-subset", "test", "--cpu",
-        "--beam", str(BEAM), "--max-len-b", str(MAX_LEN_B),
-        "--batch-size", "16", "--required-batch-size-multiple", "1",
-    ])
+    proc = run(
+        [
+            fairseq_command("fairseq-generate"),
+            model.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            model.checkpoint,
+            "--gen-subset",
+            "test",
+            "--cpu",
+            "--beam",
+            str(BEAM),
+            "--max-len-b",
+            str(MAX_LEN_B),
+            "--batch-size",
+            "16",
+            "--required-batch-size-multiple",
+            "1",
+        ]
+    )
     hypotheses = parse_hypotheses(proc.stdout)
     assert sorted(hypotheses) == list(range(N_TEST)), "fairseq-generate did not translate every sentence"
     source_lines = {int(i): line for i, line in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, flags=re.M)}
@@ -57,21 +73,42 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
     # The test set's source side, as fairseq-generate read it, is the raw file line by line.
     assert generate_sources == dict(enumerate(sources))
 
-    interactive = parse_hypotheses(run(
-        [fairseq_command("fairseq-interactive"), model.data_bin, "--user-dir", USER_DIR,
-         "--path", model.checkpoint, "--cpu", "--beam", str(BEAM), "--max-len-b", str(MAX_LEN_B),
-         "--source-lang", "src", "--target-lang", "tgt"],
-        input="\n".join(sources) + "\n",
-    ).stdout)
+    interactive = parse_hypotheses(
+        run(
+            [
+                fairseq_command("fairseq-interactive"),
+                model.data_bin,
+                "--user-dir",
+                USER_DIR,
+                "--path",
+                model.checkpoint,
+                "--cpu",
+                "--beam",
+                str(BEAM),
+                "--max-len-b",
+                str(MAX_LEN_B),
+                "--source-lang",
+                "src",
+                "--target-lang",
+                "tgt",
+            ],
+            input="\n".join(sources) + "\n",
+        ).stdout
+    )
     assert sorted(interactive) == list(range(N_TEST))
     for i in range(N_TEST):
         assert interactive[i][1] == expected[i][1], (
-            f"sentence {i} ({sources[i]!r}): interactive {interactive[i][1]!r}, generate {expected[i][1]!r}")
+            f"sentence {i} ({sources[i]!r}): interactive {interactive[i][1]!r}, generate {expected[i][1]!r}"
+        )
         assert interactive[i][0] == pytest.approx(expected[i][0], abs=1e-4), i
 
     hub = TransformerModel.from_pretrained(
-        str(model.save_dir), checkpoint_file=model.checkpoint.name, data_name_or_path=str(model.data_bin),
-        user_dir=USER_DIR, beam=BEAM, max_len_b=MAX_LEN_B,
+        str(model.save_dir),
+        checkpoint_file=model.checkpoint.name,
+        data_name_or_path=str(model.data_bin),
+        user_dir=USER_DIR,
+        beam=BEAM,
+        max_len_b=MAX_LEN_B,
     )
     assert type(hub.models[0]).__name__ == "AdaptivelySparseTransformerModel"
     assert hub.models[0].encoder.layers[0].self_attn.normalizer_name == normalizer
@@ -79,7 +116,8 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
     assert len(translations) == N_TEST
     for i, translation in enumerate(translations):
         assert translation == expected[i][1], (
-            f"sentence {i} ({sources[i]!r}): hub {translation!r}, generate {expected[i][1]!r}")
+            f"sentence {i} ({sources[i]!r}): hub {translation!r}, generate {expected[i][1]!r}"
+        )
     # The hub's scores (natural log) are fairseq-generate's too (printed in bits in H- lines).
     best = [hypotheses[0] for hypotheses in hub.generate([hub.encode(s) for s in sources], beam=BEAM)]
     for i, hypothesis in enumerate(best):
@@ -92,24 +130,44 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
 NORMALIZERS = "softmax, sparsemax, entmax15, alpha_entmax, topk"
 
 
-@pytest.mark.parametrize("arguments, option, allowed", [
-    pytest.param(["--alpha-clamp", "2,1"], "--alpha-clamp", "1 <= MIN < MAX <= 2", id="alpha-clamp 2,1"),
-    pytest.param(["--alpha-clamp", "1.5,1.5"], "--alpha-clamp", "1 <= MIN < MAX <= 2", id="alpha-clamp 1.5,1.5"),
-    pytest.param(["--topk", "0"], "--topk", "integers >= 1", id="topk 0"),
-    pytest.param(["--attention-normalizer", "nosuch"], "--attention-normalizer", NORMALIZERS,
-                 id="attention-normalizer nosuch"),
-    # 3 is outside any clamp (alpha <= 2): refused at parsing, whatever --alpha-clamp says.
-    pytest.param(["--alpha-clamp", "1.01,1.2", "--alpha-init", "3"], "--alpha-init", "random or a number in (1, 2]",
-                 id="alpha-init 3"),
-])
+@pytest.mark.parametrize(
+    "arguments, option, allowed",
+    [
+        pytest.param(["--alpha-clamp", "2,1"], "--alpha-clamp", "1 <= MIN < MAX <= 2", id="alpha-clamp 2,1"),
+        pytest.param(["--alpha-clamp", "1.5,1.5"], "--alpha-clamp", "1 <= MIN < MAX <= 2", id="alpha-clamp 1.5,1.5"),
+        pytest.param(["--topk", "0"], "--topk", "integers >= 1", id="topk 0"),
+        pytest.param(
+            ["--attention-normalizer", "nosuch"],
+            "--attention-normalizer",
+            NORMALIZERS,
+            id="attention-normalizer nosuch",
+        ),
+        # 3 is outside any clamp (alpha <= 2): refused at parsing, whatever --alpha-clamp says.
+        pytest.param(
+            ["--alpha-clamp", "1.01,1.2", "--alpha-init", "3"],
+            "--alpha-init",
+            "random or a number in (1, 2]",
+            id="alpha-init 3",
+        ),
+    ],
+)
 def test_fairseq_train_exits_with_code_2_naming_the_bad_option(tmp_path, arguments, option, allowed):
     """docs/fairseq.md: a bad value stops the command at argument parsing, before any data is
     read, with fairseq's usage and "fairseq-train: error: argument --OPTION: ..." (exit code 2)."""
     value = arguments[-1]
-    proc = run([
-        fairseq_command("fairseq-train"), tmp_path / "no-such-data-bin", "--user-dir", USER_DIR,
-        "--arch", "adaptively_sparse_transformer", "--cpu", *arguments,
-    ], check=False)
+    proc = run(
+        [
+            fairseq_command("fairseq-train"),
+            tmp_path / "no-such-data-bin",
+            "--user-dir",
+            USER_DIR,
+            "--arch",
+            "adaptively_sparse_transformer",
+            "--cpu",
+            *arguments,
+        ],
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.startswith("usage: fairseq-train") or "\nusage: fairseq-train" in proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-train: error:")]

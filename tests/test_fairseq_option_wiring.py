@@ -6,6 +6,7 @@ changing k of a trained top-k model at loading.
 Every check looks at each attention module as the package lists them
 (fairseq_entmax.models.sparse_attention_modules) and at what the module computes (the
 normalizer's output in a forward pass), not only at its attributes."""
+
 import argparse
 import math
 
@@ -21,8 +22,12 @@ from helpers import USER_DIR, fairseq_command, run
 # (attention type, layer) of every attention of the tiny 2+2-layer models, in the order
 # sparse_attention_modules lists them.
 EVERY_ATTENTION = [
-    ("encoder_self", 0), ("encoder_self", 1),
-    ("decoder_self", 0), ("cross", 0), ("decoder_self", 1), ("cross", 1),
+    ("encoder_self", 0),
+    ("encoder_self", 1),
+    ("decoder_self", 0),
+    ("cross", 0),
+    ("decoder_self", 1),
+    ("cross", 1),
 ]
 
 
@@ -47,7 +52,8 @@ def load_checkpoint(checkpoint, data_bin, overrides=None):
     """The model as fairseq-generate loads it with --model-overrides (load_model_ensemble
     with arg_overrides), prepared for inference."""
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data_bin), **(overrides or {})})
+        [str(checkpoint)], arg_overrides={"data": str(data_bin), **(overrides or {})}
+    )
     model = models[0]
     model.prepare_for_inference_(cfg)
     model.eval()
@@ -62,6 +68,7 @@ def attention_rows(model, task, beam=None, split="test"):
     rows = {}
     originals = []
     for attention_type, layer, attention in sparse_attention_modules(model):
+
         def normalize(scores, original=attention.normalize, key=(attention_type, layer)):
             probabilities = original(scores)
             visible = torch.isfinite(scores).sum(-1).flatten()
@@ -74,7 +81,9 @@ def attention_rows(model, task, beam=None, split="test"):
     try:
         task.load_dataset(split)
         batches = task.get_batch_iterator(
-            dataset=task.dataset(split), max_sentences=8, required_batch_size_multiple=1,
+            dataset=task.dataset(split),
+            max_sentences=8,
+            required_batch_size_multiple=1,
         ).next_epoch_itr(shuffle=False)
         generator = task.build_generator([model], argparse.Namespace(beam=beam)) if beam else None
         sentences = 0
@@ -105,7 +114,8 @@ def assert_rows_keep(rows, expected_kept):
         assert len(wrong) == 0, (
             f"{key}: {len(wrong)} of {int(has_keys.sum())} query rows keep another number of keys than "
             f"expected, e.g. {int(kept[has_keys][wrong[0]])} of {int(visible[has_keys][wrong[0]])} visible "
-            f"(expected {int(expected[wrong[0]])})")
+            f"(expected {int(expected[wrong[0]])})"
+        )
         assert (kept[~has_keys] == 0).all(), key
 
 
@@ -121,10 +131,18 @@ def kept_with_fraction(visible):
 
 
 def test_topk_fraction_and_topk_min_reach_every_attention(tiny_data):
-    model, task = build_from_command_line(tiny_data.data_bin, [
-        *tiny_model_args("explicit_sparse_transformer"),
-        "--topk", str(TOPK), "--topk-fraction", str(FRACTION), "--topk-min", str(MINIMUM),
-    ])
+    model, task = build_from_command_line(
+        tiny_data.data_bin,
+        [
+            *tiny_model_args("explicit_sparse_transformer"),
+            "--topk",
+            str(TOPK),
+            "--topk-fraction",
+            str(FRACTION),
+            "--topk-min",
+            str(MINIMUM),
+        ],
+    )
     listed = list(sparse_attention_modules(model))
     assert [(t, layer) for t, layer, _ in listed] == EVERY_ATTENTION
     for attention_type, layer, attention in listed:
@@ -147,16 +165,25 @@ def test_topk_fraction_and_topk_min_reach_every_attention(tiny_data):
 NORMALIZE = {"softmax": softmax, "sparsemax": sparsemax, "entmax15": entmax15}
 
 
-@pytest.mark.parametrize("chosen", [
-    {"encoder_self": "sparsemax"},
-    {"decoder_self": "sparsemax"},
-    {"cross": "sparsemax"},
-    {"encoder_self": "softmax", "decoder_self": "sparsemax", "cross": "alpha_entmax"},
-], ids=["encoder-self", "decoder-self", "cross", "all-three"])
+@pytest.mark.parametrize(
+    "chosen",
+    [
+        {"encoder_self": "sparsemax"},
+        {"decoder_self": "sparsemax"},
+        {"cross": "sparsemax"},
+        {"encoder_self": "softmax", "decoder_self": "sparsemax", "cross": "alpha_entmax"},
+    ],
+    ids=["encoder-self", "decoder-self", "cross", "all-three"],
+)
 def test_each_per_type_normalizer_option_sets_only_its_type(tiny_data, chosen):
     default = "entmax15"
-    arguments = [*tiny_model_args("adaptively_sparse_transformer"), "--attention-normalizer", default,
-                 "--alpha-init", "1.3"]
+    arguments = [
+        *tiny_model_args("adaptively_sparse_transformer"),
+        "--attention-normalizer",
+        default,
+        "--alpha-init",
+        "1.3",
+    ]
     for attention_type, normalizer in chosen.items():
         arguments += [f"--{attention_type.replace('_', '-')}-attention-normalizer", normalizer]
     model, _ = build_from_command_line(tiny_data.data_bin, arguments)
@@ -188,11 +215,21 @@ def test_each_per_type_normalizer_option_sets_only_its_type(tiny_data, chosen):
 
 
 def train_a_few_updates(data_bin, save_dir, arguments, updates=3):
-    run([
-        fairseq_command("fairseq-train"), data_bin, "--user-dir", USER_DIR,
-        *tiny_model_args("explicit_sparse_transformer"), *TRAINING_ARGS, *arguments,
-        "--max-update", str(updates), "--save-dir", save_dir,
-    ])
+    run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            *tiny_model_args("explicit_sparse_transformer"),
+            *TRAINING_ARGS,
+            *arguments,
+            "--max-update",
+            str(updates),
+            "--save-dir",
+            save_dir,
+        ]
+    )
     return save_dir / "checkpoint_last.pt"
 
 
@@ -206,8 +243,11 @@ def topk8_checkpoint(tiny_data, tmp_path_factory):
 def fraction_checkpoint(tiny_data, tmp_path_factory):
     """The same with --topk-fraction 0.5 --topk-min 3 (and --topk 6, which the fraction
     overrides), trained 3 updates."""
-    return train_a_few_updates(tiny_data.data_bin, tmp_path_factory.mktemp("topk_fraction"), [
-        "--topk", str(TOPK), "--topk-fraction", str(FRACTION), "--topk-min", str(MINIMUM)])
+    return train_a_few_updates(
+        tiny_data.data_bin,
+        tmp_path_factory.mktemp("topk_fraction"),
+        ["--topk", str(TOPK), "--topk-fraction", str(FRACTION), "--topk-min", str(MINIMUM)],
+    )
 
 
 def test_model_overrides_set_k_of_a_trained_topk_model(topk8_checkpoint, tiny_data):
@@ -239,7 +279,9 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
     loaded, task = load_checkpoint(fraction_checkpoint, tiny_data.data_bin)
     for attention_type, layer, attention in sparse_attention_modules(loaded):
         assert (attention.topk, attention.topk_fraction, attention.topk_min) == (TOPK, FRACTION, MINIMUM), (
-            attention_type, layer)
+            attention_type,
+            layer,
+        )
     assert_rows_keep(attention_rows(loaded, task), kept_with_fraction)
 
     topk_only, task = load_checkpoint(fraction_checkpoint, tiny_data.data_bin, {"topk": 4})
@@ -251,13 +293,16 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
     assert_rows_keep(attention_rows(fixed, task, beam=2), lambda n: min(n, 4))
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param({"topk": -1}, id="topk -1"),
-    pytest.param({"topk": 2.5}, id="topk 2.5"),
-    # A 0 is refused too, not replaced by the default as a falsy value once was.
-    pytest.param({"topk": 0}, id="topk 0"),
-    pytest.param({"topk_min": 0, "topk_fraction": 0.5}, id="topk_min 0"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"topk": -1}, id="topk -1"),
+        pytest.param({"topk": 2.5}, id="topk 2.5"),
+        # A 0 is refused too, not replaced by the default as a falsy value once was.
+        pytest.param({"topk": 0}, id="topk 0"),
+        pytest.param({"topk_min": 0, "topk_fraction": 0.5}, id="topk_min 0"),
+    ],
+)
 def test_a_bad_k_in_model_overrides_is_refused(topk8_checkpoint, tiny_data, overrides):
     """validate_sparse_attention_args: "the same checks as the command-line parsers, for
     configs built in Python" (--model-overrides among them): a k the command line refuses

@@ -1,5 +1,6 @@
 """Bad option values stop fairseq at argument parsing, before any data is read, with
 fairseq's argument error: exit code not 0, a message naming the option and what is allowed."""
+
 import pytest
 from fairseq import options
 
@@ -31,10 +32,20 @@ def unquoted(text):
 @pytest.mark.parametrize("option, value, allowed", [BAD_OPTIONS[0], BAD_OPTIONS[7]])
 def test_fairseq_train_stops_at_a_bad_option_before_reading_data(tmp_path, option, value, allowed):
     missing_data = tmp_path / "no-such-data-bin"  # reading data would fail differently
-    proc = run([
-        fairseq_command("fairseq-train"), missing_data, "--user-dir", USER_DIR,
-        "--arch", "adaptively_sparse_transformer", "--cpu", option, value,
-    ], check=False)
+    proc = run(
+        [
+            fairseq_command("fairseq-train"),
+            missing_data,
+            "--user-dir",
+            USER_DIR,
+            "--arch",
+            "adaptively_sparse_transformer",
+            "--cpu",
+            option,
+            value,
+        ],
+        check=False,
+    )
     assert proc.returncode != 0
     assert f"argument {option}:" in proc.stderr
     assert unquoted(allowed) in unquoted(proc.stderr)
@@ -46,10 +57,18 @@ def test_fairseqs_parser_rejects_each_bad_value(tmp_path, capsys, option, value,
     """The same parser fairseq-train, -generate, -interactive and -validate use."""
     parser = options.get_training_parser()
     with pytest.raises(SystemExit) as stopped:
-        options.parse_args_and_arch(parser, [
-            str(tmp_path / "no-such-data-bin"), "--user-dir", USER_DIR,
-            "--arch", "explicit_sparse_transformer", option, value,
-        ])
+        options.parse_args_and_arch(
+            parser,
+            [
+                str(tmp_path / "no-such-data-bin"),
+                "--user-dir",
+                USER_DIR,
+                "--arch",
+                "explicit_sparse_transformer",
+                option,
+                value,
+            ],
+        )
     assert stopped.value.code != 0
     error = capsys.readouterr().err
     assert f"argument {option}:" in error
@@ -61,11 +80,26 @@ def test_alpha_init_outside_the_alpha_clamp_is_refused(tiny_data):
     """A head that starts outside the clamp sits at the bound, where the clamp passes no
     gradient: its alpha would never be learned. Both options are fine alone, so the check
     comes when the model is built."""
-    proc = run([
-        fairseq_command("fairseq-train"), tiny_data.data_bin, "--user-dir", USER_DIR,
-        "--arch", "adaptively_sparse_transformer", "--cpu", "--max-update", "1", "--max-tokens", "200",
-        "--alpha-clamp", "1.01,1.2", "--alpha-init", "1.3",
-    ], check=False)
+    proc = run(
+        [
+            fairseq_command("fairseq-train"),
+            tiny_data.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--arch",
+            "adaptively_sparse_transformer",
+            "--cpu",
+            "--max-update",
+            "1",
+            "--max-tokens",
+            "200",
+            "--alpha-clamp",
+            "1.01,1.2",
+            "--alpha-init",
+            "1.3",
+        ],
+        check=False,
+    )
     assert proc.returncode != 0
     assert "--alpha-init 1.3 is outside --alpha-clamp 1.01,1.2" in proc.stderr
     assert "[1.01, 1.2]" in proc.stderr and "| epoch" not in proc.stdout
@@ -83,6 +117,7 @@ def test_a_trained_model_loads_with_another_clamp_when_alpha_init_is_overridden_
     with pytest.raises(ValueError, match="override alpha_init too"):
         checkpoint_utils.load_model_ensemble_and_task([str(model.checkpoint)], arg_overrides=overrides)
     (loaded,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
-        [str(model.checkpoint)], arg_overrides=dict(overrides, alpha_init="random"))
+        [str(model.checkpoint)], arg_overrides=dict(overrides, alpha_init="random")
+    )
     for _, _, attention in sparse_attention_modules(loaded):
         assert attention.alpha_clamp == (1.6, 2.0) and (attention.head_alpha() >= 1.6).all()

@@ -4,6 +4,7 @@ tensor, what the killed run saved in checkpoint_last.pt (every alpha_logit head,
 parameter, Adam's exp_avg / exp_avg_sq / step, num_updates). A per-type summary (mean, min,
 max of the alphas, as test_fairseq_commands compares) would not see heads swapped or a
 reset optimizer."""
+
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ from helpers import USER_DIR, fairseq_command, run
 # fairseq-train's own entry point (fairseq_cli.train.cli_main, what the fairseq-train script
 # runs), with two probes that save what the trainer holds: before the checkpoint is loaded
 # (the freshly built model) and when the first training step of the run begins.
-PROBED_FAIRSEQ_TRAIN = r'''
+PROBED_FAIRSEQ_TRAIN = r"""
 import sys
 
 import torch
@@ -63,7 +64,7 @@ checkpoint_utils.load_checkpoint = load_checkpoint
 Trainer.train_step = train_step
 sys.argv[0] = "fairseq-train"
 train.cli_main()
-'''
+"""
 
 SAVE_EVERY = 3
 
@@ -73,7 +74,9 @@ def kill_after_first_save(command):
     SAVE_EVERY, mid-epoch)."""
     proc = subprocess.Popen(
         [str(a) for a in command] + ["--max-update", "100000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     output = []
@@ -97,9 +100,21 @@ def assert_equal_tensors(saved, loaded, what):
 def test_resumed_training_starts_from_every_saved_head_and_optimizer_state(tiny_data, tmp_path):
     save_dir = tmp_path / "checkpoints"
     training = [
-        tiny_data.data_bin, "--user-dir", USER_DIR, *TINY_MODEL_ARGS, *TRAINING_ARGS,
-        "--attention-normalizer", "alpha_entmax", "--alpha-init", "random",
-        "--save-dir", save_dir, "--save-interval-updates", str(SAVE_EVERY), "--log-interval", "1",
+        tiny_data.data_bin,
+        "--user-dir",
+        USER_DIR,
+        *TINY_MODEL_ARGS,
+        *TRAINING_ARGS,
+        "--attention-normalizer",
+        "alpha_entmax",
+        "--alpha-init",
+        "random",
+        "--save-dir",
+        save_dir,
+        "--save-interval-updates",
+        str(SAVE_EVERY),
+        "--log-interval",
+        "1",
     ]
     log = kill_after_first_save([fairseq_command("fairseq-train"), *training])
     assert "Saved checkpoint" in log, log[-3000:]
@@ -114,8 +129,9 @@ def test_resumed_training_starts_from_every_saved_head_and_optimizer_state(tiny_
     script.write_text(PROBED_FAIRSEQ_TRAIN)
     resumed = run([sys.executable, script, probe, *training, "--max-update", str(saved_updates + 3)])
     resumed_log = resumed.stdout + resumed.stderr
-    assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 1 @ {saved_updates} updates\)",
-                     resumed_log), resumed_log[-3000:]
+    assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 1 @ {saved_updates} updates\)", resumed_log), (
+        resumed_log[-3000:]
+    )
     probes = torch.load(probe, weights_only=True)
     fresh, started = probes["before_loading"], probes["first_step"]
 

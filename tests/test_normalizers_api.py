@@ -1,4 +1,5 @@
 """The normalizers' public API: registry, input checks, masking, dtypes, shapes."""
+
 import math
 import subprocess
 import sys
@@ -250,9 +251,14 @@ def test_topk_with_one_k_per_row_against_the_reference():
     scores = torch.randn(2, 3, 6, dtype=torch.float64)
     scores[0, 1, :4] = float("-inf")
     k = torch.tensor([[1], [2], [7]]).expand(2, 3, 1)
-    expected = torch.stack([
-        torch.stack([torch.from_numpy(topk_softmax_reference(scores[b, r].numpy(), int(k[b, r, 0])))
-                     for r in range(3)]) for b in range(2)])
+    expected = torch.stack(
+        [
+            torch.stack(
+                [torch.from_numpy(topk_softmax_reference(scores[b, r].numpy(), int(k[b, r, 0]))) for r in range(3)]
+            )
+            for b in range(2)
+        ]
+    )
     p = topk_softmax(scores, k)
     torch.testing.assert_close(p, expected, atol=1e-12, rtol=0)
     # Each row as a call with its own int k: the same values and gradients.
@@ -268,12 +274,15 @@ def test_topk_with_one_k_per_row_against_the_reference():
     torch.testing.assert_close(transposed, expected.transpose(1, 2), atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize("k, message", [
-    (torch.tensor([[2], [0]]), "k contains 0"),
-    (torch.tensor([[2.0], [1.0]]), "dtype"),
-    (torch.tensor([2, 3, 4]), "does not fit"),
-    (torch.tensor([[[2]], [[3]]]), "does not fit"),
-])
+@pytest.mark.parametrize(
+    "k, message",
+    [
+        (torch.tensor([[2], [0]]), "k contains 0"),
+        (torch.tensor([[2.0], [1.0]]), "dtype"),
+        (torch.tensor([2, 3, 4]), "does not fit"),
+        (torch.tensor([[[2]], [[3]]]), "does not fit"),
+    ],
+)
 def test_bad_k_tensor_is_rejected(k, message):
     with pytest.raises(ValueError, match=message):
         topk_softmax(torch.randn(2, 5), k)

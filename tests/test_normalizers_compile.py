@@ -1,6 +1,7 @@
 """torch.compile(fullgraph=True, dynamic=True) captures every public normalizer whole, forward
 and backward, with the CPU inductor: results equal to eager within the documented tolerances,
 and one graph for every batch shape (no recompilation when the shape changes)."""
+
 import pytest
 import torch
 import torch._dynamo
@@ -18,14 +19,15 @@ MAPS = {
     "alpha_entmax": lambda x, alpha: alpha_entmax(x, alpha, max_alpha=2.0),
     "topk_softmax": lambda x, alpha: topk_softmax(x, 3),
     "topk_softmax_per_row": lambda x, alpha: topk_softmax(
-        x, torch.ceil((x > float("-inf")).sum(-1, keepdim=True) * 0.3).long().clamp(min=1)),
+        x, torch.ceil((x > float("-inf")).sum(-1, keepdim=True) * 0.3).long().clamp(min=1)
+    ),
 }
 
 
 def scores_of_shape(batch, queries, keys, seed):
     generator = torch.Generator().manual_seed(seed)
     scores = torch.randn(batch, HEADS, queries, keys, generator=generator) * 3
-    scores[0, :, :, keys - 3:] = float("-inf")  # padded keys
+    scores[0, :, :, keys - 3 :] = float("-inf")  # padded keys
     scores[-1, 0, 0] = float("-inf")  # a fully masked row
     return scores
 

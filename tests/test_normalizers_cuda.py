@@ -11,6 +11,7 @@ numpy and pytest (not fairseq, nor this suite's fairseq fixtures):
 
     PYTHONPATH=.:tests python -m pytest --noconftest tests/test_normalizers_cuda.py
 """
+
 import contextlib
 
 import numpy as np
@@ -52,7 +53,7 @@ def attention_scores(batch, queries, keys, dtype, seed):
     (-inf), a causal mask (-inf), a fully masked row, and a row of huge finite scores."""
     generator = torch.Generator().manual_seed(seed)
     scores = torch.randn(batch, HEADS, queries, keys, generator=generator) * 3
-    scores[0, :, :, keys - keys // 4:] = float("-inf")
+    scores[0, :, :, keys - keys // 4 :] = float("-inf")
     causal = torch.ones(queries, keys, dtype=torch.bool).triu(1)
     scores[-1].masked_fill_(causal, float("-inf"))
     scores[0, 0, 0] = float("-inf")

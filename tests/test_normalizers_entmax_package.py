@@ -1,4 +1,5 @@
 """Agreement with the reference implementation, the entmax package (1.3), to 1e-5."""
+
 import pytest
 import torch
 
@@ -37,9 +38,7 @@ def _value_and_grad(fn, scores, upstream, *extra):
 def test_exact_maps_agree_with_entmax(ours, theirs, shape, dtype):
     for seed in range(3):
         scores, upstream = _inputs(shape, dtype, seed)
-        for mine, reference in zip(
-            _value_and_grad(ours, scores, upstream), _value_and_grad(theirs, scores, upstream)
-        ):
+        for mine, reference in zip(_value_and_grad(ours, scores, upstream), _value_and_grad(theirs, scores, upstream)):
             torch.testing.assert_close(mine, reference, atol=1e-5, rtol=0)
 
 
@@ -55,7 +54,9 @@ def test_alpha_entmax_and_alpha_gradient_agree_with_entmax_bisect(shape, dtype):
         # entmax_bisect in float64 with many iterations is the reference at any dtype.
         reference = _value_and_grad(
             lambda x, a: entmax.entmax_bisect(x, a, dim=-1, n_iter=100),
-            scores.double(), upstream.double(), alpha.double(),
+            scores.double(),
+            upstream.double(),
+            alpha.double(),
         )
         for ours, theirs in zip(mine, reference):
             torch.testing.assert_close(ours.double(), theirs, atol=1e-5, rtol=1e-5)

@@ -1,5 +1,6 @@
 """float64 gradcheck of every normalizer's hand-written backward, with masked entries; the
 alpha gradient close to alpha = 1 against differences of the independent reference."""
+
 import numpy as np
 import pytest
 import torch
@@ -61,6 +62,7 @@ def test_alpha_gradient_at_one_matches_one_sided_difference():
     upstream = torch.randn(6, 8, dtype=torch.float64)
     alpha = torch.ones(6, 1, dtype=torch.float64, requires_grad=True)
     (alpha_entmax(scores, alpha) * upstream).sum().backward()
+
     def loss(a):
         with torch.no_grad():
             return (alpha_entmax(scores, torch.full((6, 1), a, dtype=torch.float64)) * upstream).sum(-1)
@@ -71,10 +73,15 @@ def test_alpha_gradient_at_one_matches_one_sided_difference():
     torch.testing.assert_close(alpha.grad.view(-1), 2 * one_step - two_steps, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("am1, float32_rtol", [
-    (2.0 ** -13, 1e-3), (2.0 ** -10, 1e-3), (2.0 ** -8, 1e-3),  # the near-one form
-    (2.0 ** -7, 1e-2),  # the general form, just above
-])
+@pytest.mark.parametrize(
+    "am1, float32_rtol",
+    [
+        (2.0**-13, 1e-3),
+        (2.0**-10, 1e-3),
+        (2.0**-8, 1e-3),  # the near-one form
+        (2.0**-7, 1e-2),  # the general form, just above
+    ],
+)
 def test_alpha_gradient_close_to_one_matches_differences_of_the_reference(am1, float32_rtol):
     """Close to alpha = 1 the general form of the alpha gradient divides a cancelling
     difference by (alpha - 1)^2 (in float32 off by 11x the gradient at alpha - 1 = 1e-4);

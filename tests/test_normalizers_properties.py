@@ -1,5 +1,6 @@
 """Property tests (hypothesis) of the normalizers against their definitions, on both paths:
 the early-exit one (the CPU's default) and the sync-free one (GPUs, torch.compile)."""
+
 import contextlib
 
 import numpy as np
@@ -52,8 +53,10 @@ def _maps(alpha, k):
         (softmax, lambda s: alpha_entmax_reference(s, 1.0)),
         (sparsemax, sparsemax_reference),
         (entmax15, entmax15_reference),
-        (lambda x: alpha_entmax(x, torch.full((x.shape[0], 1), alpha, dtype=x.dtype)),
-         lambda s: alpha_entmax_reference(s, alpha)),
+        (
+            lambda x: alpha_entmax(x, torch.full((x.shape[0], 1), alpha, dtype=x.dtype)),
+            lambda s: alpha_entmax_reference(s, alpha),
+        ),
         (lambda x: topk_softmax(x, k), lambda s: topk_softmax_reference(s, k)),
     ]
 
@@ -191,6 +194,8 @@ def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(
             alpha = torch.full((32, 1), 1 + am1, dtype=torch.float64).to(dtype)
             p = alpha_entmax(scores.to(dtype), alpha).double()
             assert torch.isfinite(p).all(), am1
-            expected = np.stack([alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha.double())])
+            expected = np.stack(
+                [alpha_entmax_reference(row, a.item()) for row, a in zip(scores.numpy(), alpha.double())]
+            )
             worst = max(worst, np.abs(p.numpy() - expected).max())
         assert worst <= bound

@@ -2,6 +2,7 @@
 on the CPU with `sync_free()`: no host synchronisation in forward or backward, the
 documented accuracy after its fixed number of passes on adversarial rows, and, on both
 paths, NaN rows propagated and alpha taken in float32 whatever its dtype."""
+
 import contextlib
 
 import numpy as np
@@ -16,8 +17,14 @@ aten = torch.ops.aten
 # What makes the host wait for the device: reading a value back (item, bool, comparisons of
 # whole tensors) and outputs whose shape depends on the data.
 SYNCHRONISING = {
-    aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.nonzero, aten.masked_select,
-    aten._unique2, aten.unique_consecutive, aten.unique_dim,
+    aten._local_scalar_dense,
+    aten.is_nonzero,
+    aten.equal,
+    aten.nonzero,
+    aten.masked_select,
+    aten._unique2,
+    aten.unique_consecutive,
+    aten.unique_dim,
 }
 PATHS = {"early_exit": contextlib.nullcontext, "sync_free": sync_free}
 
@@ -31,7 +38,8 @@ class SynchronisationCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         is_boolean_index = func is aten.index.Tensor and any(
-            index is not None and index.dtype == torch.bool for index in args[1])
+            index is not None and index.dtype == torch.bool for index in args[1]
+        )
         if func.overloadpacket in SYNCHRONISING or is_boolean_index:
             self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
@@ -90,10 +98,16 @@ def test_attention_layer_normalizer_step_makes_no_host_synchronisation():
     pytest.importorskip("fairseq")
     from fairseq_entmax.modules import SparseMultiheadAttention
 
-    for normalizer, options in [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("alpha_entmax", {}),
-                                ("topk", {"topk_fraction": 0.3})]:
-        layer = SparseMultiheadAttention(16, 4, attention_type="encoder_self", normalizer_name=normalizer,
-                                         self_attention=True, **options)
+    for normalizer, options in [
+        ("softmax", {}),
+        ("sparsemax", {}),
+        ("entmax15", {}),
+        ("alpha_entmax", {}),
+        ("topk", {"topk_fraction": 0.3}),
+    ]:
+        layer = SparseMultiheadAttention(
+            16, 4, attention_type="encoder_self", normalizer_name=normalizer, self_attention=True, **options
+        )
         scores = attention_like_scores().view(12, 6, 20).requires_grad_()
         with sync_free(), SynchronisationCounter() as counter:
             p = layer.normalize(scores)
@@ -117,10 +131,18 @@ def adversarial_rows(generator):
         yield cauchy.clamp(-1e6, 1e6)
 
 
-@pytest.mark.parametrize("alpha, max_alpha, bound", [
-    (1.01, 2.0, 1e-6), (1.5, 2.0, 1e-6), (1.9, 2.0, 1e-6), (2.0, 2.0, 1e-6),
-    (1.3, None, 1e-6), (2.5, None, 3e-6), (3.0, None, 3e-4),
-])
+@pytest.mark.parametrize(
+    "alpha, max_alpha, bound",
+    [
+        (1.01, 2.0, 1e-6),
+        (1.5, 2.0, 1e-6),
+        (1.9, 2.0, 1e-6),
+        (2.0, 2.0, 1e-6),
+        (1.3, None, 1e-6),
+        (2.5, None, 3e-6),
+        (3.0, None, 3e-4),
+    ],
+)
 def test_fixed_passes_reach_documented_accuracy_on_adversarial_rows(alpha, max_alpha, bound):
     """float32 alpha_entmax on the sync-free path (a fixed number of passes, the plain search
     with max_alpha <= 2, the safeguarded one otherwise) within the bound its docstring states
@@ -140,8 +162,9 @@ def test_fixed_passes_reach_documented_accuracy_on_adversarial_rows(alpha, max_a
     assert worst <= bound
 
 
-@pytest.mark.parametrize("name, ours, reference", [
-    ("sparsemax", sparsemax, sparsemax_reference), ("entmax15", entmax15, entmax15_reference)])
+@pytest.mark.parametrize(
+    "name, ours, reference", [("sparsemax", sparsemax, sparsemax_reference), ("entmax15", entmax15, entmax15_reference)]
+)
 def test_sorted_thresholds_reach_documented_accuracy_on_adversarial_rows(name, ours, reference):
     """sparsemax and entmax15 on the sync-free path (thresholds from sorting) against the
     sort-based float64 references: below 1e-6 in float32, 1e-13 in float64."""

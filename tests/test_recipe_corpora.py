@@ -4,6 +4,7 @@ sacreBLEU's dev/test sets replaced by small files, so each task's prepare functi
 would on the real data; the outputs are checked for what training and scoring rely on (line
 alignment, the right member read, metadata dropped, Romanian normalised as in the WMT16 ro-en
 systems)."""
+
 import io
 import re
 import tarfile
@@ -62,26 +63,31 @@ class FakeSacrebleu:
 
 # --------------------------------------------------------------------------- KFTT
 
+
 def _kftt_archive(downloads, test_orig_ja=None):
     """kftt-data-1.0.tar.gz with the official members; every file's text says which file it is."""
     files = {}
     # data/tok first: the recipe must pick members by their folder, wherever they are.
     tok = {
-        "train.cln": (["日本 の 水墨 画 を 一変 さ せ た 。", "京都 に 生まれ る 。"],
-                      ["He revolutionized the Japanese ink painting .", "He was born in Kyoto ."]),
-        "train": (["日本 の 水墨 画 を 一変 さ せ た 。", "京都 に 生まれ る 。", "長い 長い 未 清掃 の 文 。"],
-                  ["He revolutionized the Japanese ink painting .", "He was born in Kyoto .",
-                   "A long uncleaned sentence ."]),
+        "train.cln": (
+            ["日本 の 水墨 画 を 一変 さ せ た 。", "京都 に 生まれ る 。"],
+            ["He revolutionized the Japanese ink painting .", "He was born in Kyoto ."],
+        ),
+        "train": (
+            ["日本 の 水墨 画 を 一変 さ せ た 。", "京都 に 生まれ る 。", "長い 長い 未 清掃 の 文 。"],
+            ["He revolutionized the Japanese ink painting .", "He was born in Kyoto .", "A long uncleaned sentence ."],
+        ),
         "dev": (["開発 の 文 。"], ["A dev sentence ."]),
-        "test": (["試験 の 文 一 。", "「 試験 」 の 文 二 。"], ["Test sentence one .", "\" Test \" sentence two ."]),
+        "test": (["試験 の 文 一 。", "「 試験 」 の 文 二 。"], ["Test sentence one .", '" Test " sentence two .']),
         "tune": (["調整 の 文 。"], ["A tune sentence ."]),
     }
     orig = {
-        "train": (["日本の水墨画を一変させた。", "京都に生まれる。", "長い長い未清掃の文。"],
-                  ["He revolutionized the Japanese ink painting.", "He was born in Kyoto.",
-                   "A long uncleaned sentence."]),
+        "train": (
+            ["日本の水墨画を一変させた。", "京都に生まれる。", "長い長い未清掃の文。"],
+            ["He revolutionized the Japanese ink painting.", "He was born in Kyoto.", "A long uncleaned sentence."],
+        ),
         "dev": (["開発の文。"], ["A dev sentence."]),
-        "test": (test_orig_ja or ["試験の文一。", "「試験」の文二。"], ["Test sentence one.", "\"Test\" sentence two."]),
+        "test": (test_orig_ja or ["試験の文一。", "「試験」の文二。"], ["Test sentence one.", '"Test" sentence two.']),
         "tune": (["調整の文。"], ["A tune sentence."]),
     }
     for folder, sets in (("tok", tok), ("orig", orig)):
@@ -121,13 +127,19 @@ def test_kftt_refuses_untokenised_references_that_do_not_match_the_test_set(tmp_
 
 # --------------------------------------------------------------------------- IWSLT17
 
+
 def _iwslt_xml(setid, lang, talks):
-    body = "".join(f"<doc docid=\"{talk}\" genre=\"lectures\">\n<url>http://www.ted.com/talks/{talk}</url>\n"
-                   f"<talkid>{talk}</talkid>\n<title>Talk {talk}</title>\n"
-                   + "".join(f"<seg id=\"{i}\"> {seg} </seg>\n" for i, seg in enumerate(segs, 1))
-                   + "</doc>\n" for talk, segs in talks)
-    return (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<mteval>\n<srcset setid=\"{setid}\" srclang=\"{lang}\">\n"
-            f"{body}</srcset>\n</mteval>\n")
+    body = "".join(
+        f'<doc docid="{talk}" genre="lectures">\n<url>http://www.ted.com/talks/{talk}</url>\n'
+        f"<talkid>{talk}</talkid>\n<title>Talk {talk}</title>\n"
+        + "".join(f'<seg id="{i}"> {seg} </seg>\n' for i, seg in enumerate(segs, 1))
+        + "</doc>\n"
+        for talk, segs in talks
+    )
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<mteval>\n<srcset setid="{setid}" srclang="{lang}">\n'
+        f"{body}</srcset>\n</mteval>\n"
+    )
 
 
 def _segs(xml):
@@ -138,11 +150,18 @@ def _segs(xml):
 def test_iwslt17_training_text_without_talk_metadata_and_dev_test_sets(tmp_path, monkeypatch, src, tgt):
     downloads, out = tmp_path / "downloads", tmp_path / "raw"
     downloads.mkdir()
-    metadata = ["<url>http://www.ted.com/talks/1</url>", "<keywords>talks, science</keywords>",
-                "<speaker>Jane Doe</speaker>", "<talkid>1</talkid>", "<title>A talk</title>",
-                "<description>TED Talk Subtitles and Transcript: a talk</description>"]
-    train = {"de": ["Hallo Welt.", "Das ist <b>fett</b> nicht.", "Zwei."],
-             "en": ["Hello world.", "That is not <b>bold</b>.", "Two."]}
+    metadata = [
+        "<url>http://www.ted.com/talks/1</url>",
+        "<keywords>talks, science</keywords>",
+        "<speaker>Jane Doe</speaker>",
+        "<talkid>1</talkid>",
+        "<title>A talk</title>",
+        "<description>TED Talk Subtitles and Transcript: a talk</description>",
+    ]
+    train = {
+        "de": ["Hallo Welt.", "Das ist <b>fett</b> nicht.", "Zwei."],
+        "en": ["Hello world.", "That is not <b>bold</b>.", "Two."],
+    }
     files = {}
     for lang in ("de", "en"):
         lines = metadata[:3] + train[lang][:1] + metadata[3:] + train[lang][1:]
@@ -151,12 +170,19 @@ def test_iwslt17_training_text_without_talk_metadata_and_dev_test_sets(tmp_path,
     for split in ("dev2010", "tst2015"):
         for lang in ("de", "en"):
             name = f"de-en/IWSLT17.TED.{split}.de-en.{lang}.xml"
-            xml[(split, lang)] = files[name] = _iwslt_xml(f"iwslt2017-{split}", lang, [
-                (7, [f"{split} {lang} eins", f"{split} {lang} zwei"]), (8, [f"{split} {lang} drei"])])
+            xml[(split, lang)] = files[name] = _iwslt_xml(
+                f"iwslt2017-{split}",
+                lang,
+                [(7, [f"{split} {lang} eins", f"{split} {lang} zwei"]), (8, [f"{split} {lang} drei"])],
+            )
     _tar_gz(downloads / "de-en.tgz", files)
     # sacreBLEU would take the <seg> lines of these xml files.
-    fake = FakeSacrebleu({f"iwslt17/{split}": {lang: _segs(xml[(split, lang)]) for lang in ("de", "en")}
-                          for split in ("dev2010", "tst2015")})
+    fake = FakeSacrebleu(
+        {
+            f"iwslt17/{split}": {lang: _segs(xml[(split, lang)]) for lang in ("de", "en")}
+            for split in ("dev2010", "tst2015")
+        }
+    )
     monkeypatch.setattr(corpora, "_sacrebleu_set", fake)
 
     corpora.prepare_iwslt17(downloads, out, src, tgt)
@@ -170,13 +196,16 @@ def test_iwslt17_training_text_without_talk_metadata_and_dev_test_sets(tmp_path,
 
 # --------------------------------------------------------------------------- WMT16 ro-en
 
+
 def test_normalize_romanian_applies_the_wmt16_scripts_mappings():
     # Cedilla and comma forms of s and t, breve a, circumflex a and i, lower and upper case.
     assert corpora.normalize_romanian("Ş ş Ţ ţ Ș ș Ț ț Ă ă Â â Î î") == "S s T t S s T t A a A a I i"
-    assert corpora.normalize_romanian("Ştiinţa şi ţara sunt în „noi”, îţi spun.") == \
-        'Stiinta si tara sunt in "noi", iti spun.'
+    assert (
+        corpora.normalize_romanian("Ştiinţa şi ţara sunt în „noi”, îţi spun.")
+        == 'Stiinta si tara sunt in "noi", iti spun.'
+    )
     # Curly quotes, an en dash and an ellipsis: Moses punctuation normalisation.
-    assert corpora.normalize_romanian("“Da” – a spus… ‘bine’") == '"Da" - a spus... \'bine\''
+    assert corpora.normalize_romanian("“Da” – a spus… ‘bine’") == "\"Da\" - a spus... 'bine'"
     # Non-printing characters (byte-order mark, zero-width space, a control character) go.
     assert corpora.normalize_romanian("\ufeffCasa\u200b mare\x07 e aici") == "Casa mare e aici"
     # Nothing else changes: other letters, digits, case.
@@ -189,7 +218,7 @@ def test_normalize_romanian_applies_the_wmt16_scripts_mappings():
 RO_LINE = "Ştiinţa şi ţara — ştiinţa, știința și țara: mă, câine, în „casă” şi “acasă”. ĂÂÎȘȚŞŢ"
 RO_EXPECTED = 'Stiinta si tara - stiinta, stiinta si tara: ma, caine, in "casa" si "acasa". AAISTST'
 EN_LINE = "Science and the country: “Romania’s” homes in Timișoara."
-EN_EXPECTED = "Science and the country: \"Romania's\" homes in Timișoara."
+EN_EXPECTED = 'Science and the country: "Romania\'s" homes in Timișoara.'
 
 
 @pytest.mark.parametrize("src,tgt", [("ro", "en"), ("en", "ro")])
@@ -198,22 +227,36 @@ def test_wmt16_joins_europarl_and_setimes_and_normalises_romanian_in_every_split
     downloads.mkdir()
     europarl = {"ro": ["Reluarea sesiunii", RO_LINE], "en": ["Resumption of the session", EN_LINE]}
     setimes = {"ro": ["Bună ziua, ţară!", "Al doilea rând."], "en": ["Good day, country!", "The second line."]}
-    _tar_gz(downloads / "training-parallel-ep-v8.tgz",
-            {f"training-parallel-ep-v8/europarl-v8.ro-en.{lang}": _text(europarl[lang]) for lang in ("ro", "en")})
-    _zip(downloads / "en-ro.txt.zip", {**{f"SETIMES.en-ro.{lang}": _text(setimes[lang]) for lang in ("ro", "en")},
-                                        "SETIMES.en-ro.ids": "a\tb\t1\t1\na\tb\t2\t2\n", "README": "OPUS\n",
-                                        "LICENSE": "CC-BY\n"})
-    fake = FakeSacrebleu({
-        "wmt16/dev": {"ro": ["Dezvoltare în ţară.", RO_LINE], "en": ["Development in the country.", EN_LINE]},
-        "wmt16": {"ro": [RO_LINE, "Ultimul test – gata."], "en": [EN_LINE, "Last test – done."]},
-    })
+    _tar_gz(
+        downloads / "training-parallel-ep-v8.tgz",
+        {f"training-parallel-ep-v8/europarl-v8.ro-en.{lang}": _text(europarl[lang]) for lang in ("ro", "en")},
+    )
+    _zip(
+        downloads / "en-ro.txt.zip",
+        {
+            **{f"SETIMES.en-ro.{lang}": _text(setimes[lang]) for lang in ("ro", "en")},
+            "SETIMES.en-ro.ids": "a\tb\t1\t1\na\tb\t2\t2\n",
+            "README": "OPUS\n",
+            "LICENSE": "CC-BY\n",
+        },
+    )
+    fake = FakeSacrebleu(
+        {
+            "wmt16/dev": {"ro": ["Dezvoltare în ţară.", RO_LINE], "en": ["Development in the country.", EN_LINE]},
+            "wmt16": {"ro": [RO_LINE, "Ultimul test – gata."], "en": [EN_LINE, "Last test – done."]},
+        }
+    )
     monkeypatch.setattr(corpora, "_sacrebleu_set", fake)
 
     corpora.prepare_wmt16_ro_en(downloads, out, src, tgt)
     assert sorted(fake.calls) == [("wmt16", "test"), ("wmt16/dev", "valid")]
     assert read_lines(out / "train.ro") == ["Reluarea sesiunii", RO_EXPECTED, "Buna ziua, tara!", "Al doilea rand."]
-    assert read_lines(out / "train.en") == ["Resumption of the session", EN_EXPECTED,
-                                           "Good day, country!", "The second line."]
+    assert read_lines(out / "train.en") == [
+        "Resumption of the session",
+        EN_EXPECTED,
+        "Good day, country!",
+        "The second line.",
+    ]
     assert read_lines(out / "valid.ro") == ["Dezvoltare in tara.", RO_EXPECTED]
     assert read_lines(out / "test.ro") == [RO_EXPECTED, "Ultimul test - gata."]
     # The English side keeps its text (ș of a place name included): only punctuation changes.
@@ -226,41 +269,65 @@ def test_wmt16_joins_europarl_and_setimes_and_normalises_romanian_in_every_split
 
 # --------------------------------------------------------------------------- WMT14 en-de
 
+
 def test_wmt14_concatenates_the_three_corpora_of_the_official_archives(tmp_path, monkeypatch):
     downloads, out = tmp_path / "downloads", tmp_path / "raw"
     downloads.mkdir()
     corpus = {
-        "europarl": {"en": ["Resumption of the session", "I declare resumed."],
-                     "de": ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre sie für wiederaufgenommen."]},
-        "commoncrawl": {"en": ["iron cement", "Cookies help us.\u2028Really."],
-                        "de": ["Eisenkitt", "Cookies helfen uns.\u2028Wirklich."]},
+        "europarl": {
+            "en": ["Resumption of the session", "I declare resumed."],
+            "de": ["Wiederaufnahme der Sitzungsperiode", "Ich erkläre sie für wiederaufgenommen."],
+        },
+        "commoncrawl": {
+            "en": ["iron cement", "Cookies help us.\u2028Really."],
+            "de": ["Eisenkitt", "Cookies helfen uns.\u2028Wirklich."],
+        },
         "nc": {"en": ["$10,000 Gold?"], "de": ["Gold für 10.000 Dollar?"]},
     }
-    _tar_gz(downloads / "training-parallel-europarl-v7.tgz", {
-        **{f"training/europarl-v7.de-en.{lang}": _text(corpus["europarl"][lang]) for lang in ("en", "de")},
-        # Other pairs of the same archive: not read.
-        "training/europarl-v7.fr-en.en": "French Europarl English side\n",
-        "training/europarl-v7.fr-en.fr": "Europarl en français\n"})
-    _tar_gz(downloads / "training-parallel-commoncrawl.tgz", {
-        **{f"commoncrawl.de-en.{lang}": _text(corpus["commoncrawl"][lang]) for lang in ("en", "de")},
-        "commoncrawl.de-en.annotation": "x\ny\n", "commoncrawl.fr-en.en": "French Common Crawl\n"})
-    _tar_gz(downloads / "training-parallel-nc-v9.tgz", {
-        **{f"training/news-commentary-v9.de-en.{lang}": _text(corpus["nc"][lang]) for lang in ("en", "de")},
-        "training/news-commentary-v9.cs-en.en": "Czech NC English side\n"})
-    fake = FakeSacrebleu({"wmt13": {"en": ["A valid line."], "de": ["Eine Zeile."]},
-                          "wmt14/full": {"en": ["A test line.", "Two."], "de": ["Eine Testzeile.", "Zwei."]}})
+    _tar_gz(
+        downloads / "training-parallel-europarl-v7.tgz",
+        {
+            **{f"training/europarl-v7.de-en.{lang}": _text(corpus["europarl"][lang]) for lang in ("en", "de")},
+            # Other pairs of the same archive: not read.
+            "training/europarl-v7.fr-en.en": "French Europarl English side\n",
+            "training/europarl-v7.fr-en.fr": "Europarl en français\n",
+        },
+    )
+    _tar_gz(
+        downloads / "training-parallel-commoncrawl.tgz",
+        {
+            **{f"commoncrawl.de-en.{lang}": _text(corpus["commoncrawl"][lang]) for lang in ("en", "de")},
+            "commoncrawl.de-en.annotation": "x\ny\n",
+            "commoncrawl.fr-en.en": "French Common Crawl\n",
+        },
+    )
+    _tar_gz(
+        downloads / "training-parallel-nc-v9.tgz",
+        {
+            **{f"training/news-commentary-v9.de-en.{lang}": _text(corpus["nc"][lang]) for lang in ("en", "de")},
+            "training/news-commentary-v9.cs-en.en": "Czech NC English side\n",
+        },
+    )
+    fake = FakeSacrebleu(
+        {
+            "wmt13": {"en": ["A valid line."], "de": ["Eine Zeile."]},
+            "wmt14/full": {"en": ["A test line.", "Two."], "de": ["Eine Testzeile.", "Zwei."]},
+        }
+    )
     monkeypatch.setattr(corpora, "_sacrebleu_set", fake)
 
     corpora.prepare_wmt14_en_de(downloads, out, "en", "de")
     for lang in ("en", "de"):
-        assert read_lines(out / f"train.{lang}") == [line for name in ("europarl", "commoncrawl", "nc")
-                                                    for line in corpus[name][lang]]
+        assert read_lines(out / f"train.{lang}") == [
+            line for name in ("europarl", "commoncrawl", "nc") for line in corpus[name][lang]
+        ]
     assert read_lines(out / "test.de") == ["Eine Testzeile.", "Zwei."]
     assert sorted(fake.calls) == [("wmt13", "valid"), ("wmt14/full", "test")]
     assert _counts(out, "en", "de") == {"train": 5, "valid": 1, "test": 2}
 
 
 # --------------------------------------------------------------------------- downloads, smoke
+
 
 def test_a_file_already_in_the_downloads_folder_is_not_fetched_again(tmp_path):
     path = tmp_path / "kftt-data-1.0.tar.gz"
@@ -282,8 +349,12 @@ def test_smoke_data_copies_the_line_ranges_of_the_shared_text(tmp_path):
     (shared / "sample").mkdir(parents=True)
     for lang in ("de", "en"):
         (shared / "sample" / f"all.{lang}").write_text(_text(f"{lang} {i}" for i in range(10)), encoding="utf-8")
-    task = SimpleNamespace(name="iwslt17", smoke=SimpleNamespace(splits={"train": ("sample/all", 0, 6), "valid": ("sample/all", 6, 8),
-                                                         "test": ("sample/all", 8, 10)}))
+    task = SimpleNamespace(
+        name="iwslt17",
+        smoke=SimpleNamespace(
+            splits={"train": ("sample/all", 0, 6), "valid": ("sample/all", 6, 8), "test": ("sample/all", 8, 10)}
+        ),
+    )
     out = tmp_path / "raw"
     corpora.write_smoke_data(task, shared, "de", "en", out)
     assert read_lines(out / "valid.en") == ["en 6", "en 7"]

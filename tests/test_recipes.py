@@ -2,6 +2,7 @@
 the real text in ../shared/data, skipping finished stages on a rerun; the settings table against
 the docs and the dry run; bad input stopped before any long work; checkpoint averaging against an
 independent computation."""
+
 import json
 import re
 import sys
@@ -57,8 +58,13 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
     for variant, row in best.items():
         # The checkpoint of the best validation accuracy, as the paper selects models.
         assert Path(row["checkpoint"]).name == "checkpoint_best.pt" and Path(row["checkpoint"]).exists()
-        logged = [float(a) for a in re.findall(r"valid on 'valid' subset \|.*\| accuracy ([\d.]+)",
-                                                (work / "models" / f"{variant}-seed1" / "train.log").read_text())]
+        logged = [
+            float(a)
+            for a in re.findall(
+                r"valid on 'valid' subset \|.*\| accuracy ([\d.]+)",
+                (work / "models" / f"{variant}-seed1" / "train.log").read_text(),
+            )
+        ]
         saved = torch.load(row["checkpoint"], map_location="cpu", weights_only=False)["extra_state"]
         assert len(logged) >= 2 and saved["best"] == pytest.approx(max(logged), abs=1e-3)
         hypotheses = corpus.read_lines(work / "eval" / f"{variant}-seed1-best" / "test.hyp")
@@ -93,8 +99,9 @@ def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
     """The models in the work dir were trained for 200 updates: a run asking for 7 stops
     with the reason instead of reporting them as 7-update models."""
     work, _ = iwslt_smoke
-    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--max-update", "7"],
-               check=False, timeout=600, cwd=REPO)
+    proc = run(
+        [*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--max-update", "7"], check=False, timeout=600, cwd=REPO
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "max_update: 200 then, 7 now" in proc.stderr and "another --work-dir" in proc.stderr
     assert "training (" not in proc.stdout and "Traceback" not in proc.stderr
@@ -105,8 +112,12 @@ def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
     """The work dir's corpus came from the shared data: a run pointed at other data stops
     instead of training on the old corpus."""
     work, _ = iwslt_smoke
-    proc = run([*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--shared-data", tmp_path],
-               check=False, timeout=600, cwd=REPO)
+    proc = run(
+        [*RECIPE, "iwslt17", "--smoke", "--work-dir", work, "--shared-data", tmp_path],
+        check=False,
+        timeout=600,
+        cwd=REPO,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{tmp_path}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -130,20 +141,25 @@ def test_recipe_rejects_bad_corpus_before_long_work(tmp_path, case):
         raw = _write_corpus(tmp_path / "raw", lines={("valid", "en"): "one line only\n"})
         expected = "valid.de has 2 lines but"
     else:
-        raw = _write_corpus(tmp_path / "raw", lines={(s, l): "" for s in ("train", "valid", "test") for l in ("de", "en")})
+        raw = _write_corpus(
+            tmp_path / "raw", lines={(split, lang): "" for split in ("train", "valid", "test") for lang in ("de", "en")}
+        )
         expected = "empty"
     work = tmp_path / "work"
     # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
-    proc = run([*RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False,
-               timeout=120, cwd=REPO)
+    proc = run([*RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert expected in proc.stderr and "Traceback" not in proc.stderr
     assert not (work / "tok").exists() and not (work / "data-bin").exists()
 
 
 def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
-    proc = run([*RECIPE, "wmt16", "--src", "fr", "--tgt", "en", "--work-dir", tmp_path / "w"],
-               check=False, timeout=60, cwd=REPO)
+    proc = run(
+        [*RECIPE, "wmt16", "--src", "fr", "--tgt", "en", "--work-dir", tmp_path / "w"],
+        check=False,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert "unknown language pair fr-en" in proc.stderr and "--src ro --tgt en" in proc.stderr
     assert not (tmp_path / "w").exists()
@@ -152,8 +168,12 @@ def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
 
 
 def test_recipe_reports_missing_smoke_data(tmp_path):
-    proc = run([*RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere",
-                "--work-dir", tmp_path / "w"], check=False, timeout=60, cwd=REPO)
+    proc = run(
+        [*RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere", "--work-dir", tmp_path / "w"],
+        check=False,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 2 and "smoke data" in proc.stderr and "nowhere" in proc.stderr
 
 
@@ -162,8 +182,11 @@ def test_average_checkpoints_is_the_mean_of_the_parameters(tmp_path):
     generator = torch.Generator().manual_seed(0)
     paths, params = [], []
     for i in range(3):
-        model = {"w": torch.randn(4, 3, generator=generator), "b": torch.randn(3, generator=generator),
-                 "steps": torch.tensor(i)}
+        model = {
+            "w": torch.randn(4, 3, generator=generator),
+            "b": torch.randn(3, generator=generator),
+            "steps": torch.tensor(i),
+        }
         state = {"model": model, "optimizer_history": [{"num_updates": 10 * (i + 1)}], "cfg": {"i": i}}
         path = tmp_path / f"checkpoint{i + 1}.pt"
         torch.save(state, path)
@@ -179,14 +202,24 @@ def test_average_checkpoints_is_the_mean_of_the_parameters(tmp_path):
 
 def test_last_checkpoints_include_the_final_state_after_the_last_epoch_checkpoint(tmp_path):
     """fairseq stops at --max-update mid-epoch: that state is only in checkpoint_last.pt."""
-    for name, updates in (("checkpoint1.pt", 77), ("checkpoint2.pt", 154), ("checkpoint3.pt", 231),
-                          ("checkpoint_last.pt", 260)):
+    for name, updates in (
+        ("checkpoint1.pt", 77),
+        ("checkpoint2.pt", 154),
+        ("checkpoint3.pt", 231),
+        ("checkpoint_last.pt", 260),
+    ):
         torch.save({"model": {}, "optimizer_history": [{"num_updates": updates}]}, tmp_path / name)
-    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == ["checkpoint2.pt", "checkpoint3.pt",
-                                                                         "checkpoint_last.pt"]
+    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == [
+        "checkpoint2.pt",
+        "checkpoint3.pt",
+        "checkpoint_last.pt",
+    ]
     torch.save({"model": {}, "optimizer_history": [{"num_updates": 231}]}, tmp_path / "checkpoint_last.pt")
-    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == ["checkpoint1.pt", "checkpoint2.pt",
-                                                                         "checkpoint3.pt"]
+    assert [p.name for p in checkpoints.last_checkpoints(tmp_path, 3)] == [
+        "checkpoint1.pt",
+        "checkpoint2.pt",
+        "checkpoint3.pt",
+    ]
 
 
 def test_pipeline_names_the_attention_types_of_the_fairseq_layer():
@@ -261,9 +294,11 @@ def test_complete_checkpoint_last_is_left_alone(tmp_path):
 
 def _fake_tool_run(calls, write_output):
     """A stand-in for tools.run_logged that records each command and writes its output."""
+
     def run_logged(args, log_path, **kwargs):
         calls.append(args)
         write_output(args, len(calls))
+
     return run_logged
 
 
@@ -287,12 +322,20 @@ def test_translations_of_a_changed_checkpoint_are_made_again(tmp_path, monkeypat
 
 def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch):
     """A second seed's models, though named as the first's, get their own analysis."""
+
     def write_output(args, count):
         out = Path(args[args.index("--output-dir") + 1])
         out.mkdir(parents=True, exist_ok=True)
         paths = [a for i, a in enumerate(args) if args[i - 1] == "--path"]
-        models = [{"name": "softmax", "path": str(p), "density": [{"attention": "cross", "fraction": count / 10}],
-                   "alpha": []} for p in paths]
+        models = [
+            {
+                "name": "softmax",
+                "path": str(p),
+                "density": [{"attention": "cross", "fraction": count / 10}],
+                "alpha": [],
+            }
+            for p in paths
+        ]
         (out / "analysis.json").write_text(json.dumps({"models": models}))
 
     calls = []
@@ -333,7 +376,7 @@ def test_a_failing_tool_is_reported_with_its_log_and_exit_status_1(tmp_path, cap
 
 
 def _block(text, start, end):
-    return text[text.index(start) + len(start):text.index(end)].strip()
+    return text[text.index(start) + len(start) : text.index(end)].strip()
 
 
 def test_docs_show_the_settings_table_and_the_departures_of_the_code():
@@ -371,7 +414,10 @@ def test_dry_run_trains_with_the_settings_of_the_table(tmp_path, task, interval)
         assert float(_option(command, "--weight-decay")) == 0.0
         assert int(_option(command, "--warmup-updates")) == 20000
         assert float(_option(command, "--lr")) == pytest.approx(2 / (512 * 20000) ** 0.5)
-        assert _option(command, "--best-checkpoint-metric") == "accuracy" and "--maximize-best-checkpoint-metric" in command
+        assert (
+            _option(command, "--best-checkpoint-metric") == "accuracy"
+            and "--maximize-best-checkpoint-metric" in command
+        )
         assert int(_option(command, "--patience")) == 3
         # Validation only at the paper's interval: the epoch-end validations are out of reach.
         assert int(_option(command, "--validate-interval-updates")) == interval
@@ -389,8 +435,18 @@ def test_dry_run_trains_with_the_settings_of_the_table(tmp_path, task, interval)
     assert [_option(line, "--topk") for line in topk.splitlines() if "fairseq-train" in line.split()[0]] == ["8"]
 
 
-@pytest.mark.parametrize("gpus,options", [(1, []), (2, []), (4, []), (8, []), (1, ["--max-tokens", "2048"]),
-                                          (2, ["--update-freq", "2"]), (4, ["--max-tokens", "1024"])])
+@pytest.mark.parametrize(
+    "gpus,options",
+    [
+        (1, []),
+        (2, []),
+        (4, []),
+        (8, []),
+        (1, ["--max-tokens", "2048"]),
+        (2, ["--update-freq", "2"]),
+        (4, ["--max-tokens", "1024"]),
+    ],
+)
 def test_dry_run_gives_8192_tokens_per_update_on_any_number_of_gpus(tmp_path, gpus, options):
     proc = _dry_run("iwslt17", "--num-gpus", str(gpus), *options, "--work-dir", tmp_path / "w")
     train = [line for line in proc.stdout.splitlines() if line.split()[0].endswith("fairseq-train")]
@@ -438,18 +494,35 @@ def test_tokenized_bleu_does_not_split_hyphens():
 
 
 @needs_shared_data
-@pytest.mark.parametrize("task,src,tgt,stem", [
-    ("kftt", "ja", "en", "kftt_dev_test/test"),
-    ("wmt16", "ro", "en", "wmt_testsets/newstest2016"),
-    ("wmt14", "en", "de", "wmt_testsets/newstest2014"),
-])
+@pytest.mark.parametrize(
+    "task,src,tgt,stem",
+    [
+        ("kftt", "ja", "en", "kftt_dev_test/test"),
+        ("wmt16", "ro", "en", "wmt_testsets/newstest2016"),
+        ("wmt14", "en", "de", "wmt_testsets/newstest2014"),
+    ],
+)
 def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, stem):
     """Each task's data path through every stage but the analysis (iwslt17 runs it in full
     above): its shared text prepared, tokenised, BPE'd, binarised, a model trained a few updates,
     the test set translated and scored."""
     work = tmp_path / "work"
-    run([*RECIPE, task, "--smoke", "--work-dir", work, "--models", "alpha_entmax",
-         "--max-update", "6", "--skip-analysis"], timeout=900, cwd=REPO)
+    run(
+        [
+            *RECIPE,
+            task,
+            "--smoke",
+            "--work-dir",
+            work,
+            "--models",
+            "alpha_entmax",
+            "--max-update",
+            "6",
+            "--skip-analysis",
+        ],
+        timeout=900,
+        cwd=REPO,
+    )
     [row] = json.loads((work / "results-seed1.json").read_text())
     assert row["model"] == "alpha_entmax" and row["selection"] == "best"
     test_lines = corpus.read_lines(work / "raw" / f"test.{tgt}")

@@ -3,6 +3,7 @@ on the real IWSLT16 sample in ../shared/data: every stage runs, the table groups
 variant, paired bootstrap p-values and learning curves are reported, the patience stops a
 training that no longer improves, a rerun reuses what is finished, and bad input stops before
 any work."""
+
 import json
 import re
 import statistics
@@ -26,8 +27,21 @@ needs_shared_data = pytest.mark.requires(
 @pytest.fixture(scope="module")
 def tiny_reproduction(tmp_path_factory):
     work = tmp_path_factory.mktemp("reproduction") / "work"
-    command = [*SCRIPT, "--budget", "tiny", "--models", "softmax", "topk", "--seeds", "1", "2",
-               "--max-update", "8", "--work-dir", work]
+    command = [
+        *SCRIPT,
+        "--budget",
+        "tiny",
+        "--models",
+        "softmax",
+        "topk",
+        "--seeds",
+        "1",
+        "2",
+        "--max-update",
+        "8",
+        "--work-dir",
+        work,
+    ]
     first = run(command, timeout=900, cwd=REPO)
     again = run(command, timeout=600, cwd=REPO)
     return work, first.stdout, again.stdout
@@ -49,8 +63,10 @@ def test_every_variant_and_seed_is_trained_translated_scored_and_tabled(tiny_rep
         assert set(row["density"]) == {"encoder_self", "decoder_self", "cross"}
         # The validation figures are those fairseq logged at its best validation accuracy.
         log = (work / "models" / name / "train.log").read_text()
-        logged = [(float(a), float(p)) for p, a in
-                  re.findall(r"valid on 'valid' subset \| .*\| ppl ([\d.]+) \| accuracy ([\d.]+)", log)]
+        logged = [
+            (float(a), float(p))
+            for p, a in re.findall(r"valid on 'valid' subset \| .*\| ppl ([\d.]+) \| accuracy ([\d.]+)", log)
+        ]
         assert logged and (row["best_valid_accuracy"], row["best_valid_ppl"]) == max(logged)
         assert row["updates"] == 8 and row["stopped_early"] is False
     # Top-k (k = 8) attends to at most 8 keys; softmax to all of them.
@@ -101,8 +117,27 @@ def test_the_patience_stops_a_training_that_no_longer_improves(tmp_path):
     """With a learning rate of ~0 the validation accuracy cannot improve: with a patience of 1
     epoch, training stops at the second validation, long before the update cap."""
     work = tmp_path / "work"
-    run([*SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1", "--max-update", "400",
-         "--patience", "1", "--lr", "1e-12", "--work-dir", work], timeout=900, cwd=REPO)
+    run(
+        [
+            *SCRIPT,
+            "--budget",
+            "tiny",
+            "--models",
+            "softmax",
+            "--seeds",
+            "1",
+            "--max-update",
+            "400",
+            "--patience",
+            "1",
+            "--lr",
+            "1e-12",
+            "--work-dir",
+            work,
+        ],
+        timeout=900,
+        cwd=REPO,
+    )
     [row] = json.loads((work / "results.json").read_text())["runs"]
     log = (work / "models" / "softmax-seed1" / "train.log").read_text()
     assert "early stop since valid performance hasn't improved for last 1 runs" in log
@@ -128,8 +163,21 @@ def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
         for lang in ("de", "en"):
             (other / f"{split}.{lang}").write_text("ein Satz .\nnoch einer .\n", encoding="utf-8")
     before = (work / "raw" / "train.de").read_text(encoding="utf-8")
-    command = [*SCRIPT, "--budget", "tiny", "--models", "softmax", "--seeds", "1",
-               "--max-update", "8", "--work-dir", work, "--data", other]
+    command = [
+        *SCRIPT,
+        "--budget",
+        "tiny",
+        "--models",
+        "softmax",
+        "--seeds",
+        "1",
+        "--max-update",
+        "8",
+        "--work-dir",
+        work,
+        "--data",
+        other,
+    ]
     proc = run(command, check=False, timeout=300, cwd=REPO)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{other}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
@@ -138,8 +186,9 @@ def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
 
 def test_missing_data_is_reported_before_any_work(tmp_path):
     (tmp_path / "data").mkdir()
-    proc = run([*SCRIPT, "--data", tmp_path / "data", "--work-dir", tmp_path / "work"],
-               check=False, timeout=60, cwd=REPO)
+    proc = run(
+        [*SCRIPT, "--data", tmp_path / "data", "--work-dir", tmp_path / "work"], check=False, timeout=60, cwd=REPO
+    )
     assert proc.returncode == 2
     assert str(tmp_path / "data" / "train.de") in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "work").exists()

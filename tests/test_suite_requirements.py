@@ -1,6 +1,7 @@
 """The suite's own promise: a test that needs ../shared/data or the entmax package is skipped
 on a machine without them, and fails under CI (CI set), where their absence is a broken set-up
 that a skip would turn green."""
+
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 TESTS = Path(__file__).resolve().parent
-NEEDS_MISSING = '''
+NEEDS_MISSING = """
 import pytest
 
 @pytest.mark.requires(False, "the shared data is absent here")
@@ -18,7 +19,7 @@ def test_needs_missing():
 @pytest.mark.requires(True, "present")
 def test_needs_present():
     assert True
-'''
+"""
 
 
 @pytest.mark.parametrize("ci", [None, "true"])

@@ -1,5 +1,6 @@
 """The attention analysis of trained models (fairseq-entmax-analyze): density and learned
 alphas per attention type, figures on disk."""
+
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -10,8 +11,16 @@ from .tools import BIN_DIR, log, run_logged, user_dir
 
 def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
     """The fairseq-entmax-analyze command over the checkpoints (label -> path)."""
-    args = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", user_dir(), "--subset", subset,
-            "--output-dir", out_dir]
+    args = [
+        BIN_DIR / "fairseq-entmax-analyze",
+        data_bin,
+        "--user-dir",
+        user_dir(),
+        "--subset",
+        subset,
+        "--output-dir",
+        out_dir,
+    ]
     for label, path in checkpoints.items():
         args += ["--path", path, "--name", label]
     if num_sentences:
@@ -30,8 +39,11 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     out_dir = Path(out_dir)
     report, marker = out_dir / "analysis.json", out_dir / "analysis.done"
     # Reuse an earlier analysis only if it was made of exactly these checkpoints, unchanged.
-    made_with = {"subset": subset, "num_sentences": num_sentences,
-                 "models": {label: fingerprint(path) for label, path in checkpoints.items()}}
+    made_with = {
+        "subset": subset,
+        "num_sentences": num_sentences,
+        "models": {label: fingerprint(path) for label, path in checkpoints.items()},
+    }
     if not (report.exists() and done_with_same_settings(marker, made_with)):
         report.unlink(missing_ok=True)
     if not report.exists():

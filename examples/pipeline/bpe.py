@@ -1,4 +1,5 @@
 """Joint BPE (subword-nmt) and the cleaning of training pairs after it."""
+
 from pathlib import Path
 
 from .corpus import read_lines
@@ -18,13 +19,28 @@ def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
 
 
 def learn_bpe_command(joint_text, merges, codes_path):
-    return [str(a) for a in [tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint_text,
-                             "--output", codes_path]]
+    return [
+        str(a)
+        for a in [tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint_text, "--output", codes_path]
+    ]
 
 
 def apply_bpe_command(codes_path, in_path, out_path, workers=1):
-    return [str(a) for a in [tool("subword-nmt"), "apply-bpe", "--codes", codes_path, "--input", in_path,
-                             "--output", out_path, "--num-workers", workers]]
+    return [
+        str(a)
+        for a in [
+            tool("subword-nmt"),
+            "apply-bpe",
+            "--codes",
+            codes_path,
+            "--input",
+            in_path,
+            "--output",
+            out_path,
+            "--num-workers",
+            workers,
+        ]
+    ]
 
 
 def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
@@ -47,7 +63,9 @@ def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
             kept_source.append(s)
             kept_target.append(t)
     if not kept_source:
-        raise PipelineError(f"no training pair is left after cleaning (1..{max_len} tokens, length ratio <= {max_ratio})")
+        raise PipelineError(
+            f"no training pair is left after cleaning (1..{max_len} tokens, length ratio <= {max_ratio})"
+        )
     source_path.write_text("\n".join(kept_source) + "\n", encoding="utf-8")
     target_path.write_text("\n".join(kept_target) + "\n", encoding="utf-8")
     return len(kept_source), len(source_lines) - len(kept_source)

@@ -1,5 +1,6 @@
 """The checkpoint of a finished run to evaluate: the last, the best, or the average of the
 last n (checkpoints are read through fairseq_entmax's safe loader)."""
+
 import re
 from pathlib import Path
 
@@ -32,8 +33,9 @@ def last_checkpoints(save_dir, n):
     last numbered one was written, which is the usual case."""
     save_dir = Path(save_dir)
     by_update = sorted(save_dir.glob("checkpoint_*_*.pt"), key=_checkpoint_order)
-    by_epoch = sorted((p for p in save_dir.glob("checkpoint*.pt") if re.fullmatch(r"checkpoint\d+", p.stem)),
-                      key=_checkpoint_order)
+    by_epoch = sorted(
+        (p for p in save_dir.glob("checkpoint*.pt") if re.fullmatch(r"checkpoint\d+", p.stem)), key=_checkpoint_order
+    )
     numbered = by_update or by_epoch
     last = save_dir / "checkpoint_last.pt"
     if last.exists() and (not numbered or _num_updates(last) > _num_updates(numbered[-1])):

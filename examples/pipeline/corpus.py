@@ -1,5 +1,6 @@
 """The parallel corpus: line-aligned plain text, {train,valid,test}.{src,tgt}, read and
 checked before any long work starts."""
+
 from pathlib import Path
 
 from .tools import PipelineError
@@ -35,7 +36,8 @@ def check_parallel_corpus(files):
     missing = [str(p) for pair in files.values() for p in pair if not Path(p).is_file()]
     if missing:
         raise PipelineError(
-            "missing data files:\n  " + "\n  ".join(missing)
+            "missing data files:\n  "
+            + "\n  ".join(missing)
             + "\nEach split needs a source and a target file, plain text, one sentence per line, "
             "line i of the target translating line i of the source."
         )

@@ -1,5 +1,6 @@
 """The data stage end to end: raw text -> Moses tokenisation -> joint BPE -> cleaning ->
 fairseq-preprocess (binarisation), each step skipped when done with the same settings."""
+
 import shutil
 from pathlib import Path
 
@@ -19,12 +20,27 @@ def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
 
 def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
     """The fairseq-preprocess command: a joined dictionary for joint BPE."""
-    return [str(a) for a in [
-        tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt,
-        "--trainpref", Path(text_dir) / "train", "--validpref", Path(text_dir) / "valid",
-        "--testpref", Path(text_dir) / "test", "--destdir", dest_dir,
-        "--joined-dictionary", "--workers", workers,
-    ]]
+    return [
+        str(a)
+        for a in [
+            tool("fairseq-preprocess"),
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            Path(text_dir) / "train",
+            "--validpref",
+            Path(text_dir) / "valid",
+            "--testpref",
+            Path(text_dir) / "test",
+            "--destdir",
+            dest_dir,
+            "--joined-dictionary",
+            "--workers",
+            workers,
+        ]
+    ]
 
 
 def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1):
@@ -38,7 +54,10 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
     inside = raw.is_relative_to(resolved_work)
     corpus = {"raw_dir": str(raw.relative_to(resolved_work) if inside else raw), "src": src, "tgt": tgt}
     if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
-        log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else ""))
+        log(
+            "tokenize: Moses (sacremoses)"
+            + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else "")
+        )
         text_dir.mkdir(parents=True, exist_ok=True)
         for split in SPLITS:
             for lang in (src, tgt):
@@ -53,7 +72,13 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
         learn_joint_bpe(text_dir / f"train.{src}", text_dir / f"train.{tgt}", bpe_merges, codes, bpe_dir / "bpe.log")
         for split in SPLITS:
             for lang in (src, tgt):
-                apply_bpe(codes, text_dir / f"{split}.{lang}", bpe_dir / f"{split}.{lang}", bpe_dir / "bpe.log", workers=workers)
+                apply_bpe(
+                    codes,
+                    text_dir / f"{split}.{lang}",
+                    bpe_dir / f"{split}.{lang}",
+                    bpe_dir / "bpe.log",
+                    workers=workers,
+                )
         info = {}
         if clean:
             kept, dropped = clean_training_pair(bpe_dir, src, tgt, *clean)

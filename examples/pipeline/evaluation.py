@@ -1,5 +1,6 @@
 """Translation of the test set (fairseq-generate) and its scores (sacrebleu: BLEU, chrF,
 tokenized BLEU); `train_and_evaluate` runs one model from training to its scores."""
+
 from pathlib import Path
 
 from .checkpoints import select_checkpoint
@@ -12,11 +13,29 @@ from .training import train
 
 def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
     """The fairseq-generate command (a list of strings) that translates `subset` into out_dir."""
-    args = [tool("fairseq-generate"), data_bin, "--user-dir", user_dir(), "--task", "translation",
-            "--path", checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen,
-            # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
-            # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
-            "--max-tokens", 8000, "--remove-bpe", "--results-path", out_dir]
+    args = [
+        tool("fairseq-generate"),
+        data_bin,
+        "--user-dir",
+        user_dir(),
+        "--task",
+        "translation",
+        "--path",
+        checkpoint,
+        "--gen-subset",
+        subset,
+        "--beam",
+        beam,
+        "--lenpen",
+        lenpen,
+        # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
+        # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
+        "--max-tokens",
+        8000,
+        "--remove-bpe",
+        "--results-path",
+        out_dir,
+    ]
     if max_len:
         args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
     if cpu:
@@ -82,9 +101,25 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
     return result
 
 
-def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, references_raw, tgt,
-                       label=None, select="last", average_last=None, beam=5, lenpen=1.0, max_len=None,
-                       tokenized_bleu=True, retokenize=False, threads=None):
+def train_and_evaluate(
+    data_bin,
+    work,
+    variant,
+    seed,
+    settings,
+    references_tok,
+    references_raw,
+    tgt,
+    label=None,
+    select="last",
+    average_last=None,
+    beam=5,
+    lenpen=1.0,
+    max_len=None,
+    tokenized_bleu=True,
+    retokenize=False,
+    threads=None,
+):
     """Train one variant with one seed (skipped when trained), translate the test set with the
     checkpoint `select` names (see select_checkpoint; "average" averages the last
     `average_last`, by default all the checkpoints kept) and score it. Returns a result row
@@ -95,11 +130,20 @@ def train_and_evaluate(data_bin, work, variant, seed, settings, references_tok, 
     seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
     checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
     eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
-    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label,
-                          max_len=max_len)
-    scores = score(hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu,
-                   retokenize=retokenize)
+    hypotheses = generate(
+        data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label, max_len=max_len
+    )
+    scores = score(
+        hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu, retokenize=retokenize
+    )
     shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
     log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
-    return {"model": variant, "seed": seed, "selection": select, "checkpoint": str(checkpoint),
-            "hypotheses": str(eval_dir / "test.hyp"), **scores, "train_seconds": seconds}
+    return {
+        "model": variant,
+        "seed": seed,
+        "selection": select,
+        "checkpoint": str(checkpoint),
+        "hypotheses": str(eval_dir / "test.hyp"),
+        **scores,
+        "train_seconds": seconds,
+    }

@@ -3,6 +3,7 @@
 records the settings its stage ran with: data and models made with other settings are refused
 rather than reused (the table would not be what it says), and translations or analyses of a
 checkpoint that has changed are made again."""
+
 import json
 from pathlib import Path
 
@@ -42,11 +43,15 @@ def done_with(marker, settings, what):
     recorded = read_done(marker).get("settings")
     settings = _as_recorded(settings)
     if recorded is not None and recorded != settings:
-        changed = "; ".join(f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"
-                            for key in sorted(recorded.keys() | settings.keys())
-                            if recorded.get(key) != settings.get(key))
-        raise PipelineError(f"{what} in {Path(marker).parent} was made with other settings ({changed}): "
-                            "use another --work-dir, or delete that folder to make it again")
+        changed = "; ".join(
+            f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"
+            for key in sorted(recorded.keys() | settings.keys())
+            if recorded.get(key) != settings.get(key)
+        )
+        raise PipelineError(
+            f"{what} in {Path(marker).parent} was made with other settings ({changed}): "
+            "use another --work-dir, or delete that folder to make it again"
+        )
     return True
 
 

@@ -1,4 +1,5 @@
 """The results table: one row per model, as Markdown that reads as plain text too."""
+
 import math
 
 _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
@@ -22,8 +23,9 @@ def format_table(rows, bleu_tok=False):
         cells = [row["model"]] + ([f"{row['bleu_tok']:.2f}"] if bleu_tok else [])
         cells += [f"{row['bleu']:.2f}", f"{row['chrf']:.2f}"]
         cells += [f"{density[t]:.3f}" if t in density else "-" for t in ATTENTION_TYPES]
-        cells += [f"{alpha[t][0]:.2f} ({alpha[t][1]:.2f}-{alpha[t][2]:.2f})" if t in alpha else "-"
-                  for t in ATTENTION_TYPES]
+        cells += [
+            f"{alpha[t][0]:.2f} ({alpha[t][1]:.2f}-{alpha[t][2]:.2f})" if t in alpha else "-" for t in ATTENTION_TYPES
+        ]
         cells.append(format_seconds(row["train_seconds"]))
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]

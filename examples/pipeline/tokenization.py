@@ -1,5 +1,6 @@
 """Moses tokenisation and detokenisation (sacremoses), with Japanese and Chinese split into
 characters; the tokenisation of tokenized BLEU."""
+
 import re
 from multiprocessing import Pool
 from pathlib import Path
@@ -8,8 +9,9 @@ from .corpus import read_lines
 
 # Japanese and Chinese have no spaces between words, and Moses does not segment them: the
 # recipes split these scripts into single characters and let joint BPE merge them again.
-_CJK = re.compile(r"([\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
-_SPACE_BETWEEN_CJK = re.compile(r"(?<=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60]) (?=[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60])")
+_CJK_CHARACTERS = r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff01-\uff60]"
+_CJK = re.compile(f"({_CJK_CHARACTERS})")
+_SPACE_BETWEEN_CJK = re.compile(f"(?<={_CJK_CHARACTERS}) (?={_CJK_CHARACTERS})")
 CHARACTER_SEGMENTED_LANGS = ("ja", "zh")
 # sacreBLEU's default tokenizer (13a) leaves a Japanese or Chinese sentence as one or two
 # tokens, so BLEU reads about 0. "zh" is sacreBLEU's own for Chinese; "ja-mecab" would need

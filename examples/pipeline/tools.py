@@ -2,6 +2,7 @@
 the errors and log lines a script reports. A problem the user can fix raises PipelineError,
 whose message says what is wrong and what to do; a failing tool raises ToolError with the end
 of its log. `run_reporting_errors` turns them into a message and an exit status."""
+
 import os
 import subprocess
 import sys
@@ -73,9 +74,13 @@ def run_logged(args, log_path, show=None, env=None):
         log_file.write("$ " + " ".join(args) + "\n")
         log_file.flush()
         proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             # Unbuffered, so fairseq's log lines arrive (and show) as they are written.
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), bufsize=1,
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+            bufsize=1,
         )
         try:
             for line in proc.stdout:

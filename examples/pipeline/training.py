@@ -1,5 +1,6 @@
 """fairseq-train of one attention variant: its settings, its command, and a run that resumes
 from checkpoint_last.pt and skips a finished model."""
+
 import re
 import shutil
 import time
@@ -19,28 +20,28 @@ class TrainSettings:
     becomes fairseq-train options in `train_command`, the one place that spells them."""
 
     arch: str
-    max_update: int                    # a cap: with a patience, training may stop before it
-    max_tokens: int = 4096             # per device and batch; times update_freq and devices per update
+    max_update: int  # a cap: with a patience, training may stop before it
+    max_tokens: int = 4096  # per device and batch; times update_freq and devices per update
     update_freq: int = 1
-    lr: float = 5e-4                   # the peak, reached at the end of the linear warm-up
+    lr: float = 5e-4  # the peak, reached at the end of the linear warm-up
     warmup_updates: int = 4000
     dropout: float = 0.3
-    attention_dropout: float = 0.0     # on the attention weights, after the normalizer
-    activation_dropout: float = 0.0    # after the ReLU of the feed-forward sublayer
-    normalize_before: bool = False     # pre-norm: LayerNorm before each sublayer, and a final one
+    attention_dropout: float = 0.0  # on the attention weights, after the normalizer
+    activation_dropout: float = 0.0  # after the ReLU of the feed-forward sublayer
+    normalize_before: bool = False  # pre-norm: LayerNorm before each sublayer, and a final one
     adam_betas: tuple = (0.9, 0.98)
     adam_eps: float = 1e-8
     weight_decay: float = 0.0001
     clip_norm: float = 0.0
     label_smoothing: float = 0.1
     topk: int = 8
-    keep_last_epochs: int = 5          # the checkpoints kept (and averaged when asked)
-    save_interval_updates: int = 0     # > 0: checkpoint (and validate) every N updates instead of epochs
+    keep_last_epochs: int = 5  # the checkpoints kept (and averaged when asked)
+    save_interval_updates: int = 0  # > 0: checkpoint (and validate) every N updates instead of epochs
     validate_every_epoch: bool = True  # False: validate only every save_interval_updates updates
-    patience: int = 0                  # > 0: stop after this many validations without a new best
-    best_metric: str = "loss"          # what checkpoint_best.pt and the patience follow: loss or accuracy
+    patience: int = 0  # > 0: stop after this many validations without a new best
+    best_metric: str = "loss"  # what checkpoint_best.pt and the patience follow: loss or accuracy
     log_interval: int = 100
-    model_args: list = field(default_factory=list)   # size overrides of the architecture
+    model_args: list = field(default_factory=list)  # size overrides of the architecture
     extra_args: list = field(default_factory=list)
 
 
@@ -69,7 +70,9 @@ def _progress_line(label, max_update):
     def show(line):
         if "| ERROR |" in line or "Traceback" in line or line.startswith(("RuntimeError", "ValueError")):
             return f"{label}: {line.strip()}"
-        kind = "valid" if "| valid |" in line else "train" if ("| train_inner |" in line or "| train |" in line) else None
+        kind = (
+            "valid" if "| valid |" in line else "train" if ("| train_inner |" in line or "| train |" in line) else None
+        )
         if kind is None:
             return None
         fields = dict(re.findall(r"(\w+)[= ]" + number + r"(?=[,| ]|$)", line.strip()))
@@ -81,8 +84,11 @@ def _progress_line(label, max_update):
             parts.append(f"update {fields['num_updates']}/{max_update}")
         if "loss" in fields:
             parts.append(f"loss {float(fields['loss']):.3f}")
-        alphas = [f"alpha {t} {float(fields[alpha_metric_name(t, 'mean')]):.2f}"
-                  for t in ATTENTION_TYPES if alpha_metric_name(t, "mean") in fields]
+        alphas = [
+            f"alpha {t} {float(fields[alpha_metric_name(t, 'mean')]):.2f}"
+            for t in ATTENTION_TYPES
+            if alpha_metric_name(t, "mean") in fields
+        ]
         return "  ".join(parts + alphas)
 
     return show
@@ -111,29 +117,80 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
     """The fairseq-train command (a list of strings) of one variant and seed."""
     s = settings
     args = [
-        tool("fairseq-train"), data_bin, "--user-dir", user_dir(), "--task", "translation",
-        "--arch", s.arch, *variant_args(variant, s.topk), *s.model_args, "--share-all-embeddings",
-        "--dropout", s.dropout, "--attention-dropout", s.attention_dropout,
-        "--activation-dropout", s.activation_dropout,
+        tool("fairseq-train"),
+        data_bin,
+        "--user-dir",
+        user_dir(),
+        "--task",
+        "translation",
+        "--arch",
+        s.arch,
+        *variant_args(variant, s.topk),
+        *s.model_args,
+        "--share-all-embeddings",
+        "--dropout",
+        s.dropout,
+        "--attention-dropout",
+        s.attention_dropout,
+        "--activation-dropout",
+        s.activation_dropout,
         *(["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []),
-        "--optimizer", "adam", "--adam-betas", f"({s.adam_betas[0]}, {s.adam_betas[1]})", "--adam-eps", s.adam_eps,
-        "--weight-decay", s.weight_decay, "--clip-norm", s.clip_norm,
-        "--lr", s.lr, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s.warmup_updates,
-        "--warmup-init-lr", "1e-07",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", s.label_smoothing,
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        f"({s.adam_betas[0]}, {s.adam_betas[1]})",
+        "--adam-eps",
+        s.adam_eps,
+        "--weight-decay",
+        s.weight_decay,
+        "--clip-norm",
+        s.clip_norm,
+        "--lr",
+        s.lr,
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        s.warmup_updates,
+        "--warmup-init-lr",
+        "1e-07",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        s.label_smoothing,
         "--report-accuracy",
-        "--max-tokens", s.max_tokens, "--update-freq", s.update_freq, "--max-update", s.max_update,
-        "--seed", seed, "--save-dir", save_dir,
-        "--best-checkpoint-metric", s.best_metric,
+        "--max-tokens",
+        s.max_tokens,
+        "--update-freq",
+        s.update_freq,
+        "--max-update",
+        s.max_update,
+        "--seed",
+        seed,
+        "--save-dir",
+        save_dir,
+        "--best-checkpoint-metric",
+        s.best_metric,
         *(["--maximize-best-checkpoint-metric"] if s.best_metric == "accuracy" else []),
         *(["--patience", s.patience] if s.patience else []),
-        "--tensorboard-logdir", Path(save_dir) / "tensorboard",
-        "--log-format", "simple", "--log-interval", s.log_interval, "--no-progress-bar",
+        "--tensorboard-logdir",
+        Path(save_dir) / "tensorboard",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        s.log_interval,
+        "--no-progress-bar",
         "--skip-invalid-size-inputs-valid-test",
     ]
     if s.save_interval_updates:
-        args += ["--save-interval-updates", s.save_interval_updates, "--validate-interval-updates",
-                 s.save_interval_updates, "--keep-interval-updates", s.keep_last_epochs, "--no-epoch-checkpoints"]
+        args += [
+            "--save-interval-updates",
+            s.save_interval_updates,
+            "--validate-interval-updates",
+            s.save_interval_updates,
+            "--keep-interval-updates",
+            s.keep_last_epochs,
+            "--no-epoch-checkpoints",
+        ]
         if not s.validate_every_epoch:
             # fairseq validates (and counts towards the patience) at every epoch's end unless its
             # epoch intervals are out of reach: then only the update intervals count.

@@ -24,6 +24,7 @@ Every content word maps to exactly one target word through a fixed random lexico
 task needs a word alignment (attention) plus reordering, which is what attention heads
 specialise on in the paper's analyses. The corpus is deterministic for a given seed.
 """
+
 import random
 from pathlib import Path
 

@@ -6,6 +6,7 @@ Each `prepare_*(downloads, out_dir, src, tgt)` reads the archives already in `do
 `download`) and writes out_dir; dev/test sets of IWSLT and WMT come through sacreBLEU, which
 fetches the official files. `write_smoke_data` copies the smoke mode's real text instead.
 """
+
 import re
 import shutil
 import tarfile
@@ -13,7 +14,7 @@ import unicodedata
 import urllib.error
 import urllib.request
 import zipfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from examples.pipeline.tools import PipelineError, log
@@ -26,6 +27,7 @@ PRETOKENIZED_TASKS = ("kftt",)
 
 
 # --------------------------------------------------------------------------- downloading
+
 
 def download(url, dest):
     """Fetch url into dest (skipped when dest exists: put files there by hand when offline)."""
@@ -57,7 +59,7 @@ def download(url, dest):
 
 def _split_lines(text):
     # Split on "\n" only: some corpora hold \r or Unicode line separators inside sentences.
-    return [line.replace("\r", " ") for line in text.split("\n")[:-1 if text.endswith("\n") else None]]
+    return [line.replace("\r", " ") for line in text.split("\n")[: -1 if text.endswith("\n") else None]]
 
 
 def _member_lines(archive, tail):
@@ -71,8 +73,10 @@ def _member_lines(archive, tail):
         if not found:
             raise PipelineError(f"{archive} has no file {tail}: is the download complete? Delete it and rerun.")
         if len(found) > 1:
-            raise PipelineError(f"{archive} has several files ending in {tail} ({', '.join(found)}): "
-                                "the recipe cannot tell which to read")
+            raise PipelineError(
+                f"{archive} has several files ending in {tail} ({', '.join(found)}): "
+                "the recipe cannot tell which to read"
+            )
         return found[0]
 
     if archive.suffix == ".zip":
@@ -105,8 +109,10 @@ def _sacrebleu_set(test_set, src, tgt, out_dir, split):
         source = get_source_file(test_set, pair)
         reference = get_reference_files(test_set, pair)[0]
     except (Exception, SystemExit) as error:  # sacrebleu raises, or calls sys.exit, on network or checksum errors
-        raise PipelineError(f"could not get {test_set} {pair} through sacrebleu ({error}). Offline? "
-                            "Give --raw-dir DIR with plain text train/valid/test.{src,tgt}.") from None
+        raise PipelineError(
+            f"could not get {test_set} {pair} through sacrebleu ({error}). Offline? "
+            "Give --raw-dir DIR with plain text train/valid/test.{src,tgt}."
+        ) from None
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, Path(out_dir) / f"{split}.{src}")
     shutil.copyfile(reference, Path(out_dir) / f"{split}.{tgt}")
@@ -114,11 +120,13 @@ def _sacrebleu_set(test_set, src, tgt, out_dir, split):
 
 # --------------------------------------------------------------------------- IWSLT17 de-en
 
+
 def iwslt_training_lines(archive, lang):
     """The sentences of WIT3's train.tags file: it interleaves talk metadata lines (<url>,
     <talkid>, <title>, ...) with them; both sides have the same metadata lines, so dropping
     them keeps the alignment."""
-    return [l for l in _member_lines(archive, f"train.tags.de-en.{lang}") if not l.lstrip().startswith("<")]
+    lines = _member_lines(archive, f"train.tags.de-en.{lang}")
+    return [line for line in lines if not line.lstrip().startswith("<")]
 
 
 def prepare_iwslt17(downloads, out_dir, src, tgt):
@@ -132,6 +140,7 @@ def prepare_iwslt17(downloads, out_dir, src, tgt):
 
 
 # --------------------------------------------------------------------------- KFTT ja-en
+
 
 def prepare_kftt(downloads, out_dir, src, tgt):
     """KFTT 1.0 (kftt-data-1.0.tar.gz), as the paper's ~300k training pairs are its cleaned,
@@ -170,9 +179,11 @@ def prepare_kftt(downloads, out_dir, src, tgt):
         original = _member_lines(archive, f"data/orig/kyoto-test.{lang}")
         tokenised = _member_lines(archive, f"data/tok/kyoto-test.{lang}")
         if len(original) != len(tokenised):
-            raise PipelineError(f"{archive}: data/orig/kyoto-test.{lang} has {len(original)} lines but "
-                                f"data/tok/kyoto-test.{lang} has {len(tokenised)}: the untokenised references "
-                                "would not match the test set. Delete the archive and download it again.")
+            raise PipelineError(
+                f"{archive}: data/orig/kyoto-test.{lang} has {len(original)} lines but "
+                f"data/tok/kyoto-test.{lang} has {len(tokenised)}: the untokenised references "
+                "would not match the test set. Delete the archive and download it again."
+            )
         _write(out_dir, "test.orig", lang, original)
 
 
@@ -183,14 +194,24 @@ def prepare_kftt(downloads, out_dir, src, tgt):
 # with comma below (Ș ș Ț ț, U+0218/9, U+021A/B); remove-diacritics.py then maps
 # Ș ș Ț ț -> S s T t, Ă ă -> A a, Â â -> A a, Î î -> I i.
 _CEDILLA_TO_COMMA = str.maketrans({"\u015e": "\u0218", "\u015f": "\u0219", "\u0162": "\u021a", "\u0163": "\u021b"})
-_ROMANIAN_DIACRITICS = str.maketrans({
-    "\u0218": "S", "\u0219": "s", "\u021a": "T", "\u021b": "t",
-    "\u0102": "A", "\u0103": "a", "\u00c2": "A", "\u00e2": "a", "\u00ce": "I", "\u00ee": "i",
-})
+_ROMANIAN_DIACRITICS = str.maketrans(
+    {
+        "\u0218": "S",
+        "\u0219": "s",
+        "\u021a": "T",
+        "\u021b": "t",
+        "\u0102": "A",
+        "\u0103": "a",
+        "\u00c2": "A",
+        "\u00e2": "a",
+        "\u00ce": "I",
+        "\u00ee": "i",
+    }
+)
 _SPACES = re.compile(r" {2,}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _punct_normalizer(lang):
     from sacremoses import MosesPunctNormalizer
 
@@ -259,6 +280,7 @@ TEXT_NORMALIZERS = {"wmt16": _WMT16_NORMALIZERS}
 
 # --------------------------------------------------------------------------- WMT14 en-de
 
+
 def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
     """train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs), in that order;
     valid: newstest2013; test: newstest2014 (full), both through sacreBLEU."""
@@ -266,9 +288,11 @@ def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     for lang in ("en", "de"):
         with open(Path(out_dir) / f"train.{lang}", "w", encoding="utf-8") as out:
-            for archive, name in (("training-parallel-europarl-v7.tgz", "europarl-v7.de-en"),
-                                  ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
-                                  ("training-parallel-nc-v9.tgz", "news-commentary-v9.de-en")):
+            for archive, name in (
+                ("training-parallel-europarl-v7.tgz", "europarl-v7.de-en"),
+                ("training-parallel-commoncrawl.tgz", "commoncrawl.de-en"),
+                ("training-parallel-nc-v9.tgz", "news-commentary-v9.de-en"),
+            ):
                 for line in _member_lines(downloads / archive, f"{name}.{lang}"):
                     out.write(line.strip() + "\n")
     _sacrebleu_set("wmt13", src, tgt, out_dir, "valid")
@@ -277,6 +301,7 @@ def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
 
 # --------------------------------------------------------------------------- smoke mode
 
+
 def write_smoke_data(task, shared_data, src, tgt, out_dir):
     """Copy the smoke mode's line ranges of the shared real text into out_dir: `task.smoke.splits`
     maps split -> (file stem relative to shared_data, first line, end line), files f"{stem}.{lang}"."""
@@ -284,8 +309,9 @@ def write_smoke_data(task, shared_data, src, tgt, out_dir):
         for lang in (src, tgt):
             path = Path(shared_data) / f"{stem}.{lang}"
             if not path.is_file():
-                raise PipelineError(f"smoke data {path} not found: the smoke mode reads ../shared/data "
-                                    "(or --shared-data DIR)")
+                raise PipelineError(
+                    f"smoke data {path} not found: the smoke mode reads ../shared/data (or --shared-data DIR)"
+                )
             with open(path, encoding="utf-8", newline="\n") as f:
                 lines = f.read().split("\n")[start:stop]
             # The smoke text goes through the task's normalisation too, as its full data does.

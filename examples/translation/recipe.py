@@ -22,6 +22,7 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
             average of the last N checkpoints, reported apart
   analyze   fairseq-entmax-analyze on the validation set: density, learned alphas, figures
 """
+
 import argparse
 import dataclasses
 import json
@@ -61,33 +62,72 @@ def parse_args(argv=None):
     parser.add_argument("task", choices=sorted(TASKS), help="the paper's task")
     parser.add_argument("--src", help="source language (default: the paper's direction)")
     parser.add_argument("--tgt", help="target language")
-    parser.add_argument("--smoke", action="store_true",
-                        help="every stage at tiny scale on real text from ../shared/data (minutes on a CPU)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print every command the recipe would run, one per line, and run nothing")
-    parser.add_argument("--num-gpus", type=int,
-                        help="with --dry-run: the GPUs to plan for (default 1); a real run uses the GPUs it sees")
-    parser.add_argument("--cpu", action="store_true",
-                        help="run the full recipe on a CPU although no GPU is there (weeks for Transformer base)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every stage at tiny scale on real text from ../shared/data (minutes on a CPU)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print every command the recipe would run, one per line, and run nothing"
+    )
+    parser.add_argument(
+        "--num-gpus",
+        type=int,
+        help="with --dry-run: the GPUs to plan for (default 1); a real run uses the GPUs it sees",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run the full recipe on a CPU although no GPU is there (weeks for Transformer base)",
+    )
     parser.add_argument("--fp16", action="store_true", help="train in half precision (fairseq --fp16; GPU only)")
-    parser.add_argument("--raw-dir", type=Path, help="read plain text {train,valid,test}.{src,tgt} from here "
-                        "instead of downloading the official data")
-    parser.add_argument("--shared-data", type=Path, default=DEFAULT_SHARED_DATA,
-                        help="the project's shared data folder, for --smoke (default: %(default)s)")
-    parser.add_argument("--work-dir", type=Path, help="where everything goes (default: runs/<task>-<src>-<tgt>[-smoke])")
-    parser.add_argument("--models", nargs="+", default=list(TABLE1_VARIANTS), choices=VARIANTS,
-                        help="attention variants (default: the paper's Table 1: softmax entmax15 alpha_entmax)")
+    parser.add_argument(
+        "--raw-dir",
+        type=Path,
+        help="read plain text {train,valid,test}.{src,tgt} from here instead of downloading the official data",
+    )
+    parser.add_argument(
+        "--shared-data",
+        type=Path,
+        default=DEFAULT_SHARED_DATA,
+        help="the project's shared data folder, for --smoke (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="where everything goes (default: runs/<task>-<src>-<tgt>[-smoke])"
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(TABLE1_VARIANTS),
+        choices=VARIANTS,
+        help="attention variants (default: the paper's Table 1: softmax entmax15 alpha_entmax)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-update", type=int, help="cap on the training updates (default: per task)")
-    parser.add_argument("--max-tokens", type=int, help="tokens per batch per GPU (default: 8192 / GPUs); "
-                        "--max-tokens x --update-freq x GPUs must make the paper's 8192 tokens per update")
-    parser.add_argument("--update-freq", type=int, help="accumulate gradients over N batches (default: what "
-                        "makes 8192 tokens per update)")
-    parser.add_argument("--average-last", type=int, default=0, metavar="N",
-                        help="also evaluate the average of the last N checkpoints, reported apart (default: no)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        help="tokens per batch per GPU (default: 8192 / GPUs); "
+        "--max-tokens x --update-freq x GPUs must make the paper's 8192 tokens per update",
+    )
+    parser.add_argument(
+        "--update-freq",
+        type=int,
+        help="accumulate gradients over N batches (default: what makes 8192 tokens per update)",
+    )
+    parser.add_argument(
+        "--average-last",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also evaluate the average of the last N checkpoints, reported apart (default: no)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="processes for tokenisation, BPE and binarisation")
-    parser.add_argument("--analysis-sentences", type=int,
-                        help="validation sentences the attention analysis runs over (default: all; 100 with --smoke)")
+    parser.add_argument(
+        "--analysis-sentences",
+        type=int,
+        help="validation sentences the attention analysis runs over (default: all; 100 with --smoke)",
+    )
     parser.add_argument("--skip-analysis", action="store_true", help="no fairseq-entmax-analyze stage")
     args = parser.parse_args(argv)
     task = TASKS[args.task]
@@ -126,7 +166,8 @@ def devices(args):
         raise PipelineError(
             "no CUDA device found: the full recipe trains Transformer base models for 100k+ updates each, weeks "
             "on a CPU. Run it on a machine with a GPU, use --smoke for a CPU-sized check of every stage, "
-            "--dry-run to see the commands, or --cpu to train on this CPU anyway.")
+            "--dry-run to see the commands, or --cpu to train on this CPU anyway."
+        )
     return max(gpus, 1), gpus == 0
 
 
@@ -156,8 +197,9 @@ class Layout:
     def __init__(self, args):
         task = TASKS[args.task]
         self.task, self.src, self.tgt = task, args.src, args.tgt
-        self.work = (args.work_dir or REPO / "runs" / f"{task.name}-{args.src}-{args.tgt}"
-                     f"{'-smoke' if args.smoke else ''}").resolve()
+        self.work = (
+            args.work_dir or REPO / "runs" / f"{task.name}-{args.src}-{args.tgt}{'-smoke' if args.smoke else ''}"
+        ).resolve()
         self.raw = args.raw_dir if args.raw_dir else self.work / "raw"
         # The official KFTT text is tokenised; the smoke mode's KFTT text is not.
         self.tokenize = not (task.pretokenized and not args.smoke)
@@ -181,53 +223,89 @@ def dry_run(args, settings, num_gpus):
     src, tgt, work = args.src, args.tgt, layout.work
     bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
     tokens = settings.max_tokens * settings.update_freq * num_gpus
-    lines = [f"# {task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
-             f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
-             f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {work}"]
+    lines = [
+        f"# {task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
+        f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
+        f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {work}"
+    ]
     if args.smoke:
         lines.append(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.write_smoke_data)")
     elif args.raw_dir:
         lines.append(f"# prepare: plain text from {args.raw_dir}")
     else:
-        lines += [f"# prepare: download {url} -> {work / 'downloads' / name} (corpora.download)"
-                  for url, name in task.downloads]
+        lines += [
+            f"# prepare: download {url} -> {work / 'downloads' / name} (corpora.download)"
+            for url, name in task.downloads
+        ]
         lines.append(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})")
     if layout.tokenize:
-        lines.append(f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
-                     f" -> {layout.text} (tokenization.tokenize_file)")
+        lines.append(
+            f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
+            f" -> {layout.text} (tokenization.tokenize_file)"
+        )
     joint = layout.bpe / "codes.joint-train.txt"
-    lines.append(f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
-                 f" > {shlex.quote(str(joint))}")
+    lines.append(
+        f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
+        f" > {shlex.quote(str(joint))}"
+    )
     lines.append(shlex.join(learn_bpe_command(joint, bpe_merges, layout.bpe / "codes")))
     for split in SPLITS:
         for lang in (src, tgt):
-            lines.append(shlex.join(apply_bpe_command(
-                layout.bpe / "codes", layout.text / f"{split}.{lang}", layout.bpe / f"{split}.{lang}", args.workers)))
+            lines.append(
+                shlex.join(
+                    apply_bpe_command(
+                        layout.bpe / "codes",
+                        layout.text / f"{split}.{lang}",
+                        layout.bpe / f"{split}.{lang}",
+                        args.workers,
+                    )
+                )
+            )
     max_len, ratio = DATA["clean"].value[0], task.clean_max_ratio
-    lines.append(f"# bpe: drop training pairs that are empty, > {max_len} tokens"
-                 + (f" or of length ratio > {ratio}" if ratio else "") + " (bpe.clean_training_pair)")
+    lines.append(
+        f"# bpe: drop training pairs that are empty, > {max_len} tokens"
+        + (f" or of length ratio > {ratio}" if ratio else "")
+        + " (bpe.clean_training_pair)"
+    )
     lines.append(shlex.join(preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
     checkpoints = {}
     for variant in args.models:
         save_dir = layout.save_dir(variant, args.seed)
-        lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, args.seed,
-                                              cpu=args.cpu)))
+        lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, args.seed, cpu=args.cpu)))
         for select in ("best",) + (("average",) if args.average_last else ()):
             if select == "average":
                 checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
-                lines.append(f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
-                             f"-> {checkpoint} (checkpoints.average_checkpoints)")
+                lines.append(
+                    f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
+                    f"-> {checkpoint} (checkpoints.average_checkpoints)"
+                )
             else:
                 checkpoint = checkpoints[variant] = save_dir / "checkpoint_best.pt"
             out = work / "eval" / f"{variant}-seed{args.seed}-{select}"
-            lines.append(shlex.join(generate_command(
-                layout.data_bin, checkpoint, "test", out, DECODING["beam"].value, DECODING["lenpen"].value,
-                (1.2, 10) if args.smoke else None, cpu=args.cpu)))
-            lines.append(f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
-                         f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)")
+            lines.append(
+                shlex.join(
+                    generate_command(
+                        layout.data_bin,
+                        checkpoint,
+                        "test",
+                        out,
+                        DECODING["beam"].value,
+                        DECODING["lenpen"].value,
+                        (1.2, 10) if args.smoke else None,
+                        cpu=args.cpu,
+                    )
+                )
+            )
+            lines.append(
+                f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
+                f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)"
+            )
     if not args.skip_analysis:
-        lines.append(shlex.join(analyze_command(
-            layout.data_bin, checkpoints, "valid", layout.analysis, _analysis_sentences(args))))
+        lines.append(
+            shlex.join(
+                analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, _analysis_sentences(args))
+            )
+        )
     print("\n".join(lines))
 
 
@@ -245,14 +323,19 @@ def run(args):
     work, raw_dir = layout.work, layout.raw
     bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
     started = time.time()
-    log(f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}; "
+    log(
+        f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}; "
         + ("CPU" if cpu else f"{num_gpus} GPU(s)")
-        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update")
+        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update"
+    )
 
     # prepare: plain, line-aligned text, checked before anything long starts.
     # A corpus prepared from other data is refused, not reused.
-    prepared_from = ({"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]} if args.smoke
-                     else {"downloads": task.name, "pair": [src, tgt]})
+    prepared_from = (
+        {"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]}
+        if args.smoke
+        else {"downloads": task.name, "pair": [src, tgt]}
+    )
     if not args.raw_dir and not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         if args.smoke:
             log(f"prepare: {task.smoke.note}")
@@ -270,8 +353,9 @@ def run(args):
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
     clean = (DATA["clean"].value[0], task.clean_max_ratio)
-    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize,
-                                       clean=clean, workers=args.workers)
+    text_dir, data_bin = build_dataset(
+        raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize, clean=clean, workers=args.workers
+    )
 
     # train, select, evaluate
     references_tok = read_lines(text_dir / f"test.{tgt}")
@@ -282,33 +366,66 @@ def run(args):
     rows = []
     for i, variant in enumerate(args.models, 1):
         for select in selections:
-            rows.append(train_and_evaluate(
-                data_bin, work, variant, args.seed, settings, references_tok, references_raw, tgt,
-                label=f"{variant} [{i}/{len(args.models)}]", select=select, average_last=args.average_last,
-                beam=DECODING["beam"].value,
-                lenpen=DECODING["lenpen"].value, max_len=(1.2, 10) if args.smoke else None,
-                retokenize=layout.tokenize))
+            rows.append(
+                train_and_evaluate(
+                    data_bin,
+                    work,
+                    variant,
+                    args.seed,
+                    settings,
+                    references_tok,
+                    references_raw,
+                    tgt,
+                    label=f"{variant} [{i}/{len(args.models)}]",
+                    select=select,
+                    average_last=args.average_last,
+                    beam=DECODING["beam"].value,
+                    lenpen=DECODING["lenpen"].value,
+                    max_len=(1.2, 10) if args.smoke else None,
+                    retokenize=layout.tokenize,
+                )
+            )
     checkpoints = {row["model"]: row["checkpoint"] for row in rows if row["selection"] == "best"}
 
     # analyze, on the validation set as the paper
     if not args.skip_analysis:
-        analysis = analyze(data_bin, checkpoints, "valid", layout.analysis,
-                           work / f"analysis-seed{args.seed}.log", num_sentences=_analysis_sentences(args))
+        analysis = analyze(
+            data_bin,
+            checkpoints,
+            "valid",
+            layout.analysis,
+            work / f"analysis-seed{args.seed}.log",
+            num_sentences=_analysis_sentences(args),
+        )
         for row in rows:
             if row["selection"] == "best":
                 row.update((analysis or {}).get(row["model"], {}))
 
     best = [row for row in rows if row["selection"] == "best"]
-    lines = [f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
-             f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
-             "", "Best checkpoint (validation accuracy):", "", format_table(best, bleu_tok=True)]
-    averaged = [dict(row, model=f"{row['model']} (avg {args.average_last})") for row in rows
-                if row["selection"] == "average"]
+    lines = [
+        f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
+        f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
+        "",
+        "Best checkpoint (validation accuracy):",
+        "",
+        format_table(best, bleu_tok=True),
+    ]
+    averaged = [
+        dict(row, model=f"{row['model']} (avg {args.average_last})") for row in rows if row["selection"] == "average"
+    ]
     if averaged:
-        lines += ["", f"Average of the last {args.average_last} checkpoints:", "",
-                  format_table(averaged, bleu_tok=True)]
-    lines += ["", f"tok BLEU: {rows[0]['bleu_tok_signature']}; {tokenized_bleu_note(task.name, layout.tokenize)}",
-              f"BLEU: {rows[0]['bleu_signature']}", f"chrF: {rows[0]['chrf_signature']}"]
+        lines += [
+            "",
+            f"Average of the last {args.average_last} checkpoints:",
+            "",
+            format_table(averaged, bleu_tok=True),
+        ]
+    lines += [
+        "",
+        f"tok BLEU: {rows[0]['bleu_tok_signature']}; {tokenized_bleu_note(task.name, layout.tokenize)}",
+        f"BLEU: {rows[0]['bleu_signature']}",
+        f"chrF: {rows[0]['chrf_signature']}",
+    ]
     if not args.smoke and (src, tgt) == task.pairs[0]:
         lines.append("paper (tokenized BLEU): " + ", ".join(f"{k} {v}" for k, v in task.paper_bleu.items()))
     report = "\n".join(lines)

@@ -7,6 +7,7 @@ branch sparse-transformers, an OpenNMT-py fork) where the paper is silent, or, w
 fairseq's usual choice, said so. docs/recipes.md shows `settings_table()` and `DEPARTURES`, and
 tests/test_recipes.py fails when the page and this module disagree.
 """
+
 from dataclasses import dataclass
 
 from examples.pipeline.tools import PipelineError
@@ -36,24 +37,36 @@ TOKENS_PER_UPDATE = Sourced(8192, f'{PAPER}: "a mini-batch size of 8192 tokens"'
 
 # The settings shared by the four tasks. Keys are TrainSettings fields where there is one.
 RECIPE = {
-    "arch": Sourced("adaptively_sparse_transformer",
-                    f"{PAPER}: Transformer base (6+6 layers, d = 512, 8 heads, FFN 2048: fairseq's `transformer` sizes)"),
-    "normalize_before": Sourced(True, f"{CODE}: onmt/encoders/transformer.py, onmt/decoders/transformer.py "
-                                      "(LayerNorm before each sublayer, a final LayerNorm)"),
+    "arch": Sourced(
+        "adaptively_sparse_transformer",
+        f"{PAPER}: Transformer base (6+6 layers, d = 512, 8 heads, FFN 2048: fairseq's `transformer` sizes)",
+    ),
+    "normalize_before": Sourced(
+        True,
+        f"{CODE}: onmt/encoders/transformer.py, onmt/decoders/transformer.py "
+        "(LayerNorm before each sublayer, a final LayerNorm)",
+    ),
     "dropout": Sourced(0.1, f"{CODE}: config/config-transformer-base-1GPU.yml (dropout 0.1)"),
-    "attention_dropout": Sourced(0.1, f"{CODE}: onmt/modules/multi_headed_attn.py (the same dropout on the "
-                                      "attention weights unless -no_attn_drop, off by default in onmt/opts.py)"),
+    "attention_dropout": Sourced(
+        0.1,
+        f"{CODE}: onmt/modules/multi_headed_attn.py (the same dropout on the "
+        "attention weights unless -no_attn_drop, off by default in onmt/opts.py)",
+    ),
     "activation_dropout": Sourced(0.1, f"{CODE}: onmt/modules/position_ffn.py (dropout after the ReLU)"),
     "warmup_updates": Sourced(20000, f'{PAPER}: "warm up the learning rate linearly until 20k steps"'),
-    "lr": Sourced(6.25e-4, f"{CODE}: config (noam, learning_rate 2.0): peak 2 / sqrt(512 x 20000) with the "
-                           "paper's warm-up; fairseq's inverse_sqrt with that peak is the same curve"),
+    "lr": Sourced(
+        6.25e-4,
+        f"{CODE}: config (noam, learning_rate 2.0): peak 2 / sqrt(512 x 20000) with the "
+        "paper's warm-up; fairseq's inverse_sqrt with that peak is the same curve",
+    ),
     "adam_betas": Sourced((0.9, 0.998), f"{CODE}: config (adam_beta2 0.998)"),
     "adam_eps": Sourced(1e-9, f"{CODE}: onmt/utils/optimizers.py (Adam, eps 1e-9)"),
     "weight_decay": Sourced(0.0, f"{CODE}: onmt/utils/optimizers.py (Adam without weight decay)"),
     "clip_norm": Sourced(0.0, f"{CODE}: config (max_grad_norm 0)"),
     "label_smoothing": Sourced(0.1, f"{CODE}: config (label_smoothing 0.1)"),
-    "best_metric": Sourced("accuracy", f'{PAPER}: "trained until the convergence of validation accuracy"; '
-                                       "the best checkpoint is evaluated"),
+    "best_metric": Sourced(
+        "accuracy", f'{PAPER}: "trained until the convergence of validation accuracy"; the best checkpoint is evaluated'
+    ),
     "patience": Sourced(3, f"{NOT_STATED}: stop after 3 validations without a better accuracy (fairseq --patience)"),
     "topk": Sourced(8, "Zhao et al. 2019: k = 8, their usual choice (top-k is not in Table 1)"),
 }
@@ -63,42 +76,60 @@ DECODING = {
 }
 DATA = {
     "bpe_merges": Sourced(32000, f"{PAPER}: joint BPE with 32k merges"),
-    "clean": Sourced((250, 1.5), f"{NOT_STATED}: fairseq's prepare scripts (clean-corpus-n.perl: 1-250 tokens, "
-                                 "length ratio <= 1.5)"),
+    "clean": Sourced(
+        (250, 1.5), f"{NOT_STATED}: fairseq's prepare scripts (clean-corpus-n.perl: 1-250 tokens, length ratio <= 1.5)"
+    ),
 }
 # The paper's validation intervals; the update caps only end a run that never converges.
 VALIDATE_EVERY = {"iwslt17": 5000, "kftt": 5000, "wmt16": 10000, "wmt14": 10000}
 VALIDATE_SOURCE = f'{PAPER}: "every 10k steps for ro-en and en-de and every 5k steps for de-en and ja-en"'
 MAX_UPDATE = {"iwslt17": 100000, "kftt": 100000, "wmt16": 200000, "wmt14": 300000}
 MAX_UPDATE_SOURCE = f"{NOT_STATED}: a cap for a run that never meets the patience"
-LEARNED_ALPHA = Sourced("alpha = 1 + sigmoid(a) per head, layer and attention type, a ~ N(0, 1), clamped to "
-                        "[1.01, 2] (`--alpha-init random`)",
-                        f"{CODE}: AlphaChooser in onmt/modules/sparse_activations.py")
+LEARNED_ALPHA = Sourced(
+    "alpha = 1 + sigmoid(a) per head, layer and attention type, a ~ N(0, 1), clamped to "
+    "[1.01, 2] (`--alpha-init random`)",
+    f"{CODE}: AlphaChooser in onmt/modules/sparse_activations.py",
+)
 # Attention variants the recipes train by default: the paper's Table 1. Top-k is one option away.
 TABLE1_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
 
 # What remains different from the paper and the authors' code, and why.
 DEPARTURES = [
-    ("Embeddings: encoder, decoder and output share one matrix (`--share-all-embeddings`).",
-     "The paper is silent and the authors' base config shares none; joint BPE gives one vocabulary, and "
-     "sharing it is fairseq's usual choice for that (its translation examples)."),
-    ("LayerNorm epsilon 1e-5 (fairseq) instead of 1e-6 (authors' code).",
-     "fairseq's Transformer has no option for it; it only matters for activations whose variance is "
-     "near 1e-5."),
-    ("Tokens per batch counted as fairseq counts them (`--max-tokens`: padded source or target length, "
-     "whichever is larger, summed over the sentences).",
-     "OpenNMT-py counts its batch tokens its own way; both give batches of about 8192 tokens."),
-    ("Stopping: 3 validations without a better validation accuracy (`--patience 3`), with an update cap.",
-     "The paper trains \"until the convergence of validation accuracy\" without saying how that was judged."),
-    ("Japanese (KFTT): the KyTea segmentation KFTT ships (`data/tok`), then joint BPE.",
-     "The paper does not say how it segmented Japanese; KFTT's own tokenisation of its cleaned training set "
-     "(~330k pairs) matches the paper's ~300k."),
-    ("Moses tokenisation with aggressive hyphen splitting (`-a`) before BPE (not KFTT, tokenised already).",
-     "The paper does not say; it is what fairseq's prepare scripts do. Scoring does not split hyphens (below)."),
-    ("IWSLT17: valid dev2010, test tst2015; WMT14: test newstest2014 (full); WMT16: newsdev2016 / newstest2016.",
-     "The paper names no split for IWSLT17; the WMT ones are the usual ones."),
-    ("Decoding length cap: fairseq's default (200 tokens) instead of OpenNMT-py's max_length 100.",
-     "Only sentences that would translate longer than 100 tokens differ."),
+    (
+        "Embeddings: encoder, decoder and output share one matrix (`--share-all-embeddings`).",
+        "The paper is silent and the authors' base config shares none; joint BPE gives one vocabulary, and "
+        "sharing it is fairseq's usual choice for that (its translation examples).",
+    ),
+    (
+        "LayerNorm epsilon 1e-5 (fairseq) instead of 1e-6 (authors' code).",
+        "fairseq's Transformer has no option for it; it only matters for activations whose variance is near 1e-5.",
+    ),
+    (
+        "Tokens per batch counted as fairseq counts them (`--max-tokens`: padded source or target length, "
+        "whichever is larger, summed over the sentences).",
+        "OpenNMT-py counts its batch tokens its own way; both give batches of about 8192 tokens.",
+    ),
+    (
+        "Stopping: 3 validations without a better validation accuracy (`--patience 3`), with an update cap.",
+        'The paper trains "until the convergence of validation accuracy" without saying how that was judged.',
+    ),
+    (
+        "Japanese (KFTT): the KyTea segmentation KFTT ships (`data/tok`), then joint BPE.",
+        "The paper does not say how it segmented Japanese; KFTT's own tokenisation of its cleaned training set "
+        "(~330k pairs) matches the paper's ~300k.",
+    ),
+    (
+        "Moses tokenisation with aggressive hyphen splitting (`-a`) before BPE (not KFTT, tokenised already).",
+        "The paper does not say; it is what fairseq's prepare scripts do. Scoring does not split hyphens (below).",
+    ),
+    (
+        "IWSLT17: valid dev2010, test tst2015; WMT14: test newstest2014 (full); WMT16: newsdev2016 / newstest2016.",
+        "The paper names no split for IWSLT17; the WMT ones are the usual ones.",
+    ),
+    (
+        "Decoding length cap: fairseq's default (200 tokens) instead of OpenNMT-py's max_length 100.",
+        "Only sentences that would translate longer than 100 tokens differ.",
+    ),
 ]
 # How "tokenized BLEU" is computed; the paper says only "tokenized BLEU". Text the recipe
 # tokenised itself is detokenised and tokenised again without -a; KFTT's official text keeps
@@ -120,6 +151,7 @@ def tokenized_bleu_note(task_name, retokenized):
 class SmokeData:
     """Real text from ../shared/data for the smoke mode: split -> (file stem relative to the
     shared data folder, first line, end line); the files are f"{stem}.{lang}"."""
+
     splits: dict
     note: str
 
@@ -128,14 +160,14 @@ class SmokeData:
 class Task:
     name: str
     title: str
-    pairs: tuple                 # supported (src, tgt); the first is the paper's direction
-    downloads: list              # (url, file name) of the official data
-    prepare: object              # function(downloads_dir, out_dir, src, tgt) -> writes plain text
+    pairs: tuple  # supported (src, tgt); the first is the paper's direction
+    downloads: list  # (url, file name) of the official data
+    prepare: object  # function(downloads_dir, out_dir, src, tgt) -> writes plain text
     smoke: SmokeData
-    paper_bleu: dict             # the paper's tokenized BLEU (Table 1), paper direction only
+    paper_bleu: dict  # the paper's tokenized BLEU (Table 1), paper direction only
     data_notes: str = ""
-    pretokenized: bool = False   # the official text is tokenised already (written with test.orig.*)
-    clean_max_ratio: object = DATA["clean"].value[1]   # None: no length-ratio rule
+    pretokenized: bool = False  # the official text is tokenised already (written with test.orig.*)
+    clean_max_ratio: object = DATA["clean"].value[1]  # None: no length-ratio rule
 
 
 def train_settings(task_name, max_tokens, update_freq):
@@ -143,8 +175,13 @@ def train_settings(task_name, max_tokens, update_freq):
     every = VALIDATE_EVERY[task_name]
     return TrainSettings(
         **{key: s.value for key, s in RECIPE.items()},
-        max_update=MAX_UPDATE[task_name], max_tokens=max_tokens, update_freq=update_freq,
-        save_interval_updates=every, validate_every_epoch=False, keep_last_epochs=5, log_interval=100,
+        max_update=MAX_UPDATE[task_name],
+        max_tokens=max_tokens,
+        update_freq=update_freq,
+        save_interval_updates=every,
+        validate_every_epoch=False,
+        keep_last_epochs=5,
+        log_interval=100,
     )
 
 
@@ -161,11 +198,15 @@ def batch_shape(num_gpus, max_tokens=None, update_freq=None):
     elif update_freq is None:
         update_freq = total // (num_gpus * max_tokens)
     if update_freq < 1 or max_tokens * update_freq * num_gpus != total:
-        options = [f"--max-tokens {total // (num_gpus * u)} --update-freq {u}"
-                   for u in (1, 2, 4, 8) if total % (num_gpus * u) == 0]
+        options = [
+            f"--max-tokens {total // (num_gpus * u)} --update-freq {u}"
+            for u in (1, 2, 4, 8)
+            if total % (num_gpus * u) == 0
+        ]
         raise PipelineError(
             f"--max-tokens {max_tokens} x --update-freq {update_freq} x {num_gpus} GPU(s) is not the paper's "
-            f"{total} tokens per update: use " + (", ".join(options) or "a number of GPUs that divides 8192"))
+            f"{total} tokens per update: use " + (", ".join(options) or "a number of GPUs that divides 8192")
+        )
     return max_tokens, update_freq
 
 
@@ -181,13 +222,23 @@ def settings_table():
     """The recipes' settings as a Markdown table: setting, value, source."""
     rows = [("tokens per update", _cell(TOKENS_PER_UPDATE.value), TOKENS_PER_UPDATE.source)]
     rows += [(key, _cell(s.value), s.source) for key, s in RECIPE.items()]
-    rows.append(("validation and checkpoint interval (updates)",
-                 ", ".join(f"{t} {n}" for t, n in VALIDATE_EVERY.items()), VALIDATE_SOURCE))
+    rows.append(
+        (
+            "validation and checkpoint interval (updates)",
+            ", ".join(f"{t} {n}" for t, n in VALIDATE_EVERY.items()),
+            VALIDATE_SOURCE,
+        )
+    )
     rows.append(("max_update (cap)", ", ".join(f"{t} {n}" for t, n in MAX_UPDATE.items()), MAX_UPDATE_SOURCE))
     rows += [(key, _cell(s.value), s.source) for key, s in {**DECODING, **DATA}.items()]
     rows.append(("alpha_entmax heads", LEARNED_ALPHA.value, LEARNED_ALPHA.source))
-    rows.append(("variants trained by default", ", ".join(TABLE1_VARIANTS),
-                 f"{PAPER}: Table 1 (add `--models topk` for top-k attention)"))
+    rows.append(
+        (
+            "variants trained by default",
+            ", ".join(TABLE1_VARIANTS),
+            f"{PAPER}: Table 1 (add `--models topk` for top-k attention)",
+        )
+    )
     lines = ["| setting | value | source |", "|---|---|---|"]
     lines += [f"| {name} | {value} | {source} |" for name, value, source in rows]
     return "\n".join(lines)
@@ -201,60 +252,95 @@ def departures_table():
 
 TASKS = {
     "iwslt17": Task(
-        name="iwslt17", title="IWSLT17 de-en (TED talks)", pairs=(("de", "en"), ("en", "de")),
-        downloads=[("https://raw.githubusercontent.com/hlt-mt/WIT3/master/archive/2017-01-trnted/texts/de/en/de-en.tgz",
-                    "de-en.tgz")],
+        name="iwslt17",
+        title="IWSLT17 de-en (TED talks)",
+        pairs=(("de", "en"), ("en", "de")),
+        downloads=[
+            (
+                "https://raw.githubusercontent.com/hlt-mt/WIT3/master/archive/2017-01-trnted/texts/de/en/de-en.tgz",
+                "de-en.tgz",
+            )
+        ],
         prepare=prepare_iwslt17,
-        smoke=SmokeData({"train": ("iwslt16_de_en_sample/train", 0, 3000),
-                         "valid": ("iwslt16_de_en_sample/valid", 0, 200),
-                         "test": ("iwslt16_de_en_sample/test", 0, 200)},
-                        "IWSLT16 TED sample: first 3000 training pairs, tst2013 (200) valid, tst2014 (200) test"),
+        smoke=SmokeData(
+            {
+                "train": ("iwslt16_de_en_sample/train", 0, 3000),
+                "valid": ("iwslt16_de_en_sample/valid", 0, 200),
+                "test": ("iwslt16_de_en_sample/test", 0, 200),
+            },
+            "IWSLT16 TED sample: first 3000 training pairs, tst2013 (200) valid, tst2014 (200) test",
+        ),
         paper_bleu={"softmax": 29.79, "entmax15": 29.83, "alpha_entmax": 29.90},
         data_notes="train: WIT3 2017-01-trnted train.tags (metadata lines dropped); valid: dev2010; "
-                   "test: tst2015 (the paper does not name its split; change prepare_iwslt17 to use another)",
+        "test: tst2015 (the paper does not name its split; change prepare_iwslt17 to use another)",
     ),
     "kftt": Task(
-        name="kftt", title="KFTT ja-en (Wikipedia, Kyoto)", pairs=(("ja", "en"), ("en", "ja")),
+        name="kftt",
+        title="KFTT ja-en (Wikipedia, Kyoto)",
+        pairs=(("ja", "en"), ("en", "ja")),
         downloads=[("http://www.phontron.com/kftt/download/kftt-data-1.0.tar.gz", "kftt-data-1.0.tar.gz")],
-        prepare=prepare_kftt, pretokenized="kftt" in PRETOKENIZED_TASKS,
+        prepare=prepare_kftt,
+        pretokenized="kftt" in PRETOKENIZED_TASKS,
         # KyTea words are shorter than English ones on average, and the smoke mode splits
         # Japanese into characters: no length-ratio rule.
         clean_max_ratio=None,
-        smoke=SmokeData({"train": ("kftt_dev_test/tune", 0, 1235),
-                         "valid": ("kftt_dev_test/valid", 0, 200),
-                         "test": ("kftt_dev_test/test", 0, 200)},
-                        "KFTT tune (1235 pairs) as training data, dev (200) valid, test (200) test"),
+        smoke=SmokeData(
+            {
+                "train": ("kftt_dev_test/tune", 0, 1235),
+                "valid": ("kftt_dev_test/valid", 0, 200),
+                "test": ("kftt_dev_test/test", 0, 200),
+            },
+            "KFTT tune (1235 pairs) as training data, dev (200) valid, test (200) test",
+        ),
         paper_bleu={"softmax": 21.57, "entmax15": 22.13, "alpha_entmax": 21.74},
         data_notes="KFTT 1.0 data/tok (KyTea-segmented Japanese, tokenised English): kyoto-train.cln (~330k pairs), "
-                   "kyoto-dev, kyoto-test; sacreBLEU against data/orig/kyoto-test",
+        "kyoto-dev, kyoto-test; sacreBLEU against data/orig/kyoto-test",
     ),
     "wmt16": Task(
-        name="wmt16", title="WMT16 ro-en (news)", pairs=(("ro", "en"), ("en", "ro")),
-        downloads=[("https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz",
-                    "training-parallel-ep-v8.tgz"),
-                   ("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip", "en-ro.txt.zip")],
+        name="wmt16",
+        title="WMT16 ro-en (news)",
+        pairs=(("ro", "en"), ("en", "ro")),
+        downloads=[
+            (
+                "https://data.statmt.org/wmt16/translation-task/training-parallel-ep-v8.tgz",
+                "training-parallel-ep-v8.tgz",
+            ),
+            ("https://object.pouta.csc.fi/OPUS-SETIMES/v2/moses/en-ro.txt.zip", "en-ro.txt.zip"),
+        ],
         prepare=prepare_wmt16_ro_en,
-        smoke=SmokeData({"train": ("wmt_testsets/newstest2016", 0, 1599),
-                         "valid": ("wmt_testsets/newstest2016", 1599, 1799),
-                         "test": ("wmt_testsets/newstest2016", 1799, 1999)},
-                        "newstest2016 ro-en split in three: lines 1-1599 train, 1600-1799 valid, 1800-1999 test"),
+        smoke=SmokeData(
+            {
+                "train": ("wmt_testsets/newstest2016", 0, 1599),
+                "valid": ("wmt_testsets/newstest2016", 1599, 1799),
+                "test": ("wmt_testsets/newstest2016", 1799, 1999),
+            },
+            "newstest2016 ro-en split in three: lines 1-1599 train, 1600-1799 valid, 1800-1999 test",
+        ),
         paper_bleu={"softmax": 32.70, "entmax15": 33.10, "alpha_entmax": 32.89},
         data_notes="train: Europarl v8 + SETimes2 (~600k pairs); valid: newsdev2016; test: newstest2016; "
-                   "Romanian normalised and without diacritics (wmt16-scripts)",
+        "Romanian normalised and without diacritics (wmt16-scripts)",
     ),
     "wmt14": Task(
-        name="wmt14", title="WMT14 en-de (news)", pairs=(("en", "de"), ("de", "en")),
-        downloads=[("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz", "training-parallel-europarl-v7.tgz"),
-                   ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz", "training-parallel-commoncrawl.tgz"),
-                   ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz", "training-parallel-nc-v9.tgz")],
+        name="wmt14",
+        title="WMT14 en-de (news)",
+        pairs=(("en", "de"), ("de", "en")),
+        downloads=[
+            ("https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz", "training-parallel-europarl-v7.tgz"),
+            ("https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz", "training-parallel-commoncrawl.tgz"),
+            ("https://www.statmt.org/wmt14/training-parallel-nc-v9.tgz", "training-parallel-nc-v9.tgz"),
+        ],
         prepare=prepare_wmt14_en_de,
-        smoke=SmokeData({"train": ("wmt_testsets/newstest2013", 0, 3000),
-                         "valid": ("wmt_testsets/newstest2014", 0, 200),
-                         "test": ("wmt_testsets/newstest2014", 200, 400)},
-                        "newstest2013 (3000 pairs) as training data, newstest2014 lines 1-200 valid, 201-400 test"),
+        smoke=SmokeData(
+            {
+                "train": ("wmt_testsets/newstest2013", 0, 3000),
+                "valid": ("wmt_testsets/newstest2014", 0, 200),
+                "test": ("wmt_testsets/newstest2014", 200, 400),
+            },
+            "newstest2013 (3000 pairs) as training data, newstest2014 lines 1-200 valid, 201-400 test",
+        ),
         paper_bleu={"softmax": 26.02, "entmax15": 25.89, "alpha_entmax": 26.93},
         data_notes="train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs); valid: newstest2013; "
-                   "test: newstest2014 (full)",
+        "test: newstest2014 (full)",
     ),
 }
 
@@ -264,9 +350,29 @@ TASKS = {
 SMOKE_BPE_MERGES = 1000
 SMOKE_TRAIN = TrainSettings(
     **{key: s.value for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
-    max_update=200, max_tokens=2048, lr=2e-3, warmup_updates=50, patience=0,
-    keep_last_epochs=3, log_interval=50,
-    model_args=["--encoder-layers", 1, "--decoder-layers", 1, "--encoder-embed-dim", 64, "--decoder-embed-dim", 64,
-                "--encoder-ffn-embed-dim", 128, "--decoder-ffn-embed-dim", 128,
-                "--encoder-attention-heads", 4, "--decoder-attention-heads", 4],
+    max_update=200,
+    max_tokens=2048,
+    lr=2e-3,
+    warmup_updates=50,
+    patience=0,
+    keep_last_epochs=3,
+    log_interval=50,
+    model_args=[
+        "--encoder-layers",
+        1,
+        "--decoder-layers",
+        1,
+        "--encoder-embed-dim",
+        64,
+        "--decoder-embed-dim",
+        64,
+        "--encoder-ffn-embed-dim",
+        128,
+        "--decoder-ffn-embed-dim",
+        128,
+        "--encoder-attention-heads",
+        4,
+        "--decoder-attention-heads",
+        4,
+    ],
 )

@@ -7,6 +7,7 @@ AnalysisOptions (or the same as keyword arguments); the console script
 fairseq (through fairseq_entmax, which registers the models when fairseq is installed); the
 metrics of `fairseq_entmax.analysis.metrics` themselves are plain torch.
 """
+
 from fairseq_entmax.analysis.options import AnalysisOptions
 from fairseq_entmax.analysis.pipeline import analyze
 

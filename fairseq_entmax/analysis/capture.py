@@ -5,6 +5,7 @@ SparseMultiheadAttention and plain fairseq attention alike. Nothing here knows h
 weights are computed; the attention modules, their type and layer are those the model lists
 (fairseq_entmax.models.attention_modules).
 """
+
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ Example:
         --path checkpoints/softmax/checkpoint_best.pt --path checkpoints/alpha/checkpoint_best.pt \\
         --user-dir fairseq_entmax --subset valid --num-sentences 500 --output-dir analysis/
 """
+
 import argparse
 import logging
 import sys
@@ -17,37 +18,69 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="fairseq-entmax-analyze",
         description="Run fairseq checkpoints over a subset with teacher forcing and write analysis.json, CSV "
-                    "tables and PNG figures about their attention heads: learned alpha, attention density, "
-                    "head diversity (JS), positional and BPE-merging heads, per-head attention maps.",
+        "tables and PNG figures about their attention heads: learned alpha, attention density, "
+        "head diversity (JS), positional and BPE-merging heads, per-head attention maps.",
     )
     parser.add_argument("data", help="fairseq data-bin directory the models were trained on")
-    parser.add_argument("--path", action="append", required=True, metavar="CHECKPOINT",
-                        help="checkpoint to analyse; repeat to compare several models")
-    parser.add_argument("--name", action="append", metavar="NAME",
-                        help="label of the model, once per --path (default: the checkpoint's directory)")
-    parser.add_argument("--train-log", action="append", metavar="PATH",
-                        help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
-                             "values and validations, once per --path in the same order; 'auto' (the default) "
-                             "reads the --tensorboard-logdir or --log-file recorded in the checkpoint, if it still "
-                             "exists. The validations give learning_curves.png, where models whose --name differ "
-                             "only by a -seed<N>/_seed<N> ending are averaged")
-    parser.add_argument("--user-dir", default=USER_DIR,
-                        help="fairseq --user-dir the models need (default: the installed fairseq_entmax)")
-    parser.add_argument("--subset", "--gen-subset", dest="subset", default="valid",
-                        help="data subset to run over (default: valid); --gen-subset is fairseq's spelling")
+    parser.add_argument(
+        "--path",
+        action="append",
+        required=True,
+        metavar="CHECKPOINT",
+        help="checkpoint to analyse; repeat to compare several models",
+    )
+    parser.add_argument(
+        "--name",
+        action="append",
+        metavar="NAME",
+        help="label of the model, once per --path (default: the checkpoint's directory)",
+    )
+    parser.add_argument(
+        "--train-log",
+        action="append",
+        metavar="PATH",
+        help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
+        "values and validations, once per --path in the same order; 'auto' (the default) "
+        "reads the --tensorboard-logdir or --log-file recorded in the checkpoint, if it still "
+        "exists. The validations give learning_curves.png, where models whose --name differ "
+        "only by a -seed<N>/_seed<N> ending are averaged",
+    )
+    parser.add_argument(
+        "--user-dir",
+        default=USER_DIR,
+        help="fairseq --user-dir the models need (default: the installed fairseq_entmax)",
+    )
+    parser.add_argument(
+        "--subset",
+        "--gen-subset",
+        dest="subset",
+        default="valid",
+        help="data subset to run over (default: valid); --gen-subset is fairseq's spelling",
+    )
     parser.add_argument("--output-dir", required=True, help="where analysis.json, the tables and figures go")
-    parser.add_argument("--num-sentences", type=int, metavar="N",
-                        help="analyse only the first N sentences of the subset (default: all)")
+    parser.add_argument(
+        "--num-sentences", type=int, metavar="N", help="analyse only the first N sentences of the subset (default: all)"
+    )
     parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per batch (default: 4000)")
     parser.add_argument("--batch-size", type=int, help="sentences per batch (default: limited by --max-tokens)")
-    parser.add_argument("--sentence-id", type=int, default=0,
-                        help="sentence of the subset (0-based line) whose attention maps are drawn (default: 0)")
-    parser.add_argument("--positional-threshold", type=float, default=0.9,
-                        help="list heads whose average weight on the previous or next token is at least this "
-                             "(default: 0.9)")
-    parser.add_argument("--bpe-threshold", type=float, default=0.5,
-                        help="list heads whose average weight on the other pieces of the current word is at "
-                             "least this (default: 0.5)")
+    parser.add_argument(
+        "--sentence-id",
+        type=int,
+        default=0,
+        help="sentence of the subset (0-based line) whose attention maps are drawn (default: 0)",
+    )
+    parser.add_argument(
+        "--positional-threshold",
+        type=float,
+        default=0.9,
+        help="list heads whose average weight on the previous or next token is at least this (default: 0.9)",
+    )
+    parser.add_argument(
+        "--bpe-threshold",
+        type=float,
+        default=0.5,
+        help="list heads whose average weight on the other pieces of the current word is at least this (default: 0.5)",
+    )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     parser.add_argument("--no-figures", action="store_true", help="write analysis.json and the tables only")
     return parser
@@ -66,15 +99,23 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         options = AnalysisOptions(
-            subset=args.subset, user_dir=args.user_dir, num_sentences=args.num_sentences,
-            max_tokens=args.max_tokens, batch_size=args.batch_size, sentence_id=args.sentence_id,
-            positional_threshold=args.positional_threshold, bpe_threshold=args.bpe_threshold,
-            device="cpu" if args.cpu else None, figures=not args.no_figures,
+            subset=args.subset,
+            user_dir=args.user_dir,
+            num_sentences=args.num_sentences,
+            max_tokens=args.max_tokens,
+            batch_size=args.batch_size,
+            sentence_id=args.sentence_id,
+            positional_threshold=args.positional_threshold,
+            bpe_threshold=args.bpe_threshold,
+            device="cpu" if args.cpu else None,
+            figures=not args.no_figures,
         )
     except ValueError as error:
         parser.error(str(error))
     logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stdout,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=logging.INFO,
+        stream=sys.stdout,
         force=True,
     )
     from fairseq_entmax.analysis.pipeline import analyze

@@ -9,6 +9,7 @@ Pure torch; knows nothing of fairseq. Attention weights come in fairseq's per-he
 
 Statistics are averaged over real queries; a query with no allowed key is skipped.
 """
+
 import math
 
 import torch

@@ -4,6 +4,7 @@ The command line (cli.py) and the Python entry point (pipeline.analyze) build an
 AnalysisOptions; the runner reads it for every checkpoint. Its checks are the only ones of
 these values, so a bad value is refused the same way from both.
 """
+
 from dataclasses import dataclass
 from typing import Optional
 

@@ -1,4 +1,5 @@
 """analyze(): checkpoints in, analysis.json + CSV tables + PNG figures out."""
+
 import dataclasses
 import logging
 from pathlib import Path
@@ -51,8 +52,10 @@ def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=Non
             names.append(model_name(path, set(names)))
     labels = [file_label(name) for name in names]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"model names {names} give the same figure file names ({labels}): "
-                         "give each --path a --name that differs in letters or digits")
+        raise ValueError(
+            f"model names {names} give the same figure file names ({labels}): "
+            "give each --path a --name that differs in letters or digits"
+        )
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -61,15 +64,21 @@ def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=Non
         name = names[index]
         logger.info("analysing %s (%s) on subset %s", name, path, subset)
         result = analyse_checkpoint(
-            path, data, options, name=name,
+            path,
+            data,
+            options,
+            name=name,
             train_log=train_logs[index] if train_logs and train_logs[index] != "auto" else None,
         )
         maps.append(result.pop("_attention_maps"))
         models.append(result)
 
     analysis = {
-        "data": str(data), "subset": subset, "sentence_id": options.sentence_id,
-        "positional_threshold": options.positional_threshold, "bpe_threshold": options.bpe_threshold,
+        "data": str(data),
+        "subset": subset,
+        "sentence_id": options.sentence_id,
+        "positional_threshold": options.positional_threshold,
+        "bpe_threshold": options.bpe_threshold,
         "models": models,
     }
     written = [write_json(analysis, output_dir)] + write_tables(models, output_dir)
@@ -96,11 +105,15 @@ def _check_inputs(paths, data, subset, names, train_logs):
     if not data.is_dir():
         raise FileNotFoundError(f"data-bin directory {data} does not exist")
     if not list(data.glob("dict.*.txt")):
-        raise ValueError(f"{data} is not a fairseq data-bin (it has no dict.<lang>.txt): give the --destdir "
-                         "of the fairseq-preprocess run the models were trained with")
+        raise ValueError(
+            f"{data} is not a fairseq data-bin (it has no dict.<lang>.txt): give the --destdir "
+            "of the fairseq-preprocess run the models were trained with"
+        )
     if not list(data.glob(f"{subset}.*.idx")):
         subsets = sorted({p.name.split(".")[0] for p in data.glob("*.idx")})
-        raise ValueError(f"{data} has no subset {subset!r} ({subset}.*.idx); it has {subsets}: choose one with --subset")
+        raise ValueError(
+            f"{data} has no subset {subset!r} ({subset}.*.idx); it has {subsets}: choose one with --subset"
+        )
     for path in paths:
         if not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")

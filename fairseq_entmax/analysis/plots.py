@@ -1,4 +1,5 @@
 """PNG figures of the analysis (matplotlib, non-interactive Agg backend)."""
+
 import logging
 from pathlib import Path
 
@@ -18,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 # Attention maps: exact zeros (sparse attention) white, any nonzero weight visibly blue.
 _NONZERO_CMAP = matplotlib.colors.LinearSegmentedColormap.from_list(
-    "nonzero_blues", plt.get_cmap("Blues")(np.linspace(0.15, 1.0, 256)))
+    "nonzero_blues", plt.get_cmap("Blues")(np.linspace(0.15, 1.0, 256))
+)
 _NONZERO_CMAP.set_under("white")
 _SMALLEST_SHOWN = 1e-12
 
@@ -55,8 +57,15 @@ def _heatmap(ax, fig, grid, title, vmin, vmax, colorbar_label):
         for (layer, head), value in np.ndenumerate(grid):
             missing = np.isnan(value)
             bright = not missing and (value - vmin) / (vmax - vmin) > 0.6
-            ax.text(head, layer, "n/a" if missing else f"{value:.2f}", ha="center", va="center",
-                    fontsize=7, color="k" if missing or bright else "w")
+            ax.text(
+                head,
+                layer,
+                "n/a" if missing else f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="k" if missing or bright else "w",
+            )
     fig.colorbar(image, ax=ax, label=colorbar_label)
 
 
@@ -68,8 +77,7 @@ def _save(fig, path):
 
 def alpha_heatmap(model, output_dir):
     """One heatmap of alpha (layers x heads) per attention type; None if no head has an alpha."""
-    types = [t for t in _types([model]) if any(
-        r["alpha"] is not None for r in model["alpha"] if r["attention"] == t)]
+    types = [t for t in _types([model]) if any(r["alpha"] is not None for r in model["alpha"] if r["attention"] == t)]
     if not types:
         return None
     fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
@@ -92,8 +100,11 @@ def alpha_histogram(models, output_dir):
     Returns:
         The path of the figure, or None when no model has an alpha.
     """
-    types = [t for t in _types(models) if any(
-        r["alpha"] is not None for m in models for r in m["alpha"] if r["attention"] == t)]
+    types = [
+        t
+        for t in _types(models)
+        if any(r["alpha"] is not None for m in models for r in m["alpha"] if r["attention"] == t)
+    ]
     if not types:
         return None
     fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
@@ -107,8 +118,12 @@ def alpha_histogram(models, output_dir):
             if normalizer_entry(model["normalizers"][attention]).learns_alpha:
                 ax.hist(alphas, bins=bins, alpha=0.6, color=color, label=f"{model['name']} (learned)")
             else:
-                ax.axvline(alphas[0], color=color, linestyle="--",
-                           label=f"{model['name']} ({model['normalizers'][attention]}, alpha={alphas[0]:g})")
+                ax.axvline(
+                    alphas[0],
+                    color=color,
+                    linestyle="--",
+                    label=f"{model['name']} ({model['normalizers'][attention]}, alpha={alphas[0]:g})",
+                )
         ax.set_title(TITLES[attention])
         ax.set_xlabel("alpha")
         ax.set_ylabel("number of heads")
@@ -146,8 +161,14 @@ def alpha_trajectories(model, output_dir):
                 low, high = by_statistic["min"], by_statistic["max"]
                 steps = sorted(set(low["steps"]) & set(high["steps"]))
                 low_at, high_at = dict(zip(low["steps"], low["values"])), dict(zip(high["steps"], high["values"]))
-                ax.fill_between(steps, [low_at[s] for s in steps], [high_at[s] for s in steps],
-                                color="C0", alpha=0.25, label="min to max over heads")
+                ax.fill_between(
+                    steps,
+                    [low_at[s] for s in steps],
+                    [high_at[s] for s in steps],
+                    color="C0",
+                    alpha=0.25,
+                    label="min to max over heads",
+                )
         ax.set_title(TITLES[attention])
         ax.set_xlabel("updates")
         ax.set_ylabel("alpha")
@@ -162,8 +183,13 @@ def _grouped_bars(ax, models, attention, key, rows_key):
         rows = [r for r in model[rows_key] if r["attention"] == attention]
         layers = [r["layer"] for r in rows]
         values = [np.nan if r[key] is None else r[key] for r in rows]
-        ax.bar(np.array(layers) + (index - (len(models) - 1) / 2) * width, values, width,
-               label=f"{model['name']} ({model['normalizers'].get(attention, '?')})", color=f"C{index}")
+        ax.bar(
+            np.array(layers) + (index - (len(models) - 1) / 2) * width,
+            values,
+            width,
+            label=f"{model['name']} ({model['normalizers'].get(attention, '?')})",
+            color=f"C{index}",
+        )
     ax.set_xlabel("layer")
     ax.set_xticks(sorted({r["layer"] for m in models for r in m[rows_key] if r["attention"] == attention}))
 
@@ -174,8 +200,9 @@ def density_layers(models, output_dir):
     types = _types(models)
     fig, axes = plt.subplots(2, len(types), figsize=(4.5 * len(types), 6.5), squeeze=False, layout="constrained")
     for column, attention in enumerate(types):
-        for row, (key, label) in enumerate((("fraction", "fraction of keys attended"),
-                                            ("count", "number of keys attended"))):
+        for row, (key, label) in enumerate(
+            (("fraction", "fraction of keys attended"), ("count", "number of keys attended"))
+        ):
             ax = axes[row][column]
             _grouped_bars(ax, models, attention, key, "density_layers")
             ax.set_title(TITLES[attention])
@@ -194,8 +221,15 @@ def density_heads(model, output_dir):
     for ax, attention in zip(axes[0], types):
         layers, heads = _shape(model, attention)
         grid = _grid(model["density"], attention, "fraction", layers, heads)
-        _heatmap(ax, fig, grid, f"{TITLES[attention]}\n({model['normalizers'][attention]})", 0.0, 1.0,
-                 "fraction of keys attended")
+        _heatmap(
+            ax,
+            fig,
+            grid,
+            f"{TITLES[attention]}\n({model['normalizers'][attention]})",
+            0.0,
+            1.0,
+            "fraction of keys attended",
+        )
     fig.suptitle(f"{model['name']}: attention density per head")
     return _save(fig, Path(output_dir) / f"density_heads_{file_label(model['name'])}.png")
 
@@ -220,11 +254,14 @@ def specialisation(model, output_dir):
     types = [t for t in ("encoder_self", "decoder_self") if t in model["normalizers"]]
     if not types:
         return None
-    scores = (("previous", "positional", "weight on previous token"),
-              ("next", "positional", "weight on next token"),
-              ("mass", "bpe_merging", "weight on other pieces of the word"))
-    fig, axes = plt.subplots(len(types), len(scores), figsize=(4.5 * len(scores), 3.5 * len(types)), squeeze=False,
-                             layout="constrained")
+    scores = (
+        ("previous", "positional", "weight on previous token"),
+        ("next", "positional", "weight on next token"),
+        ("mass", "bpe_merging", "weight on other pieces of the word"),
+    )
+    fig, axes = plt.subplots(
+        len(types), len(scores), figsize=(4.5 * len(scores), 3.5 * len(types)), squeeze=False, layout="constrained"
+    )
     for row, attention in enumerate(types):
         layers, heads = _shape(model, attention)
         for column, (key, rows_key, label) in enumerate(scores):
@@ -238,20 +275,24 @@ def attention_maps(model, maps, output_dir):
     """Each head's attention for the chosen sentence, one figure per attention type and layer."""
     if maps.get("sentence_id") is None:
         return []
-    tokens = {"encoder_self": (maps["source_tokens"], maps["source_tokens"]),
-              "decoder_self": (maps["target_tokens"], maps["target_tokens"]),
-              "cross": (maps["target_tokens"], maps["source_tokens"])}
+    tokens = {
+        "encoder_self": (maps["source_tokens"], maps["source_tokens"]),
+        "decoder_self": (maps["target_tokens"], maps["target_tokens"]),
+        "cross": (maps["target_tokens"], maps["source_tokens"]),
+    }
     written = []
     for (attention, layer), weights in sorted(
-            ((k, v) for k, v in maps.items() if isinstance(k, tuple)),
-            key=lambda item: (ATTENTION_TYPES.index(item[0][0]), item[0][1])):
+        ((k, v) for k, v in maps.items() if isinstance(k, tuple)),
+        key=lambda item: (ATTENTION_TYPES.index(item[0][0]), item[0][1]),
+    ):
         query_tokens, key_tokens = tokens[attention]
         heads = weights.shape[0]
         columns = min(4, heads)
         rows = -(-heads // columns)
         size = 1.2 + 0.28 * max(len(query_tokens), len(key_tokens))
-        fig, axes = plt.subplots(rows, columns, figsize=(columns * size + 1.5, rows * size + 0.8), squeeze=False,
-                                 layout="constrained")
+        fig, axes = plt.subplots(
+            rows, columns, figsize=(columns * size + 1.5, rows * size + 0.8), squeeze=False, layout="constrained"
+        )
         for head in range(rows * columns):
             ax = axes[head // columns][head % columns]
             if head >= heads:
@@ -266,15 +307,21 @@ def attention_maps(model, maps, output_dir):
             ax.set_xlabel("key", fontsize=8)
             ax.set_ylabel("query", fontsize=8)
         fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (white: exactly 0)", shrink=0.8)
-        fig.suptitle(f"{model['name']}: {TITLES[attention]}, layer {layer} "
-                     f"({model['normalizers'][attention]}), sentence {maps['sentence_id']}")
+        fig.suptitle(
+            f"{model['name']}: {TITLES[attention]}, layer {layer} "
+            f"({model['normalizers'][attention]}), sentence {maps['sentence_id']}"
+        )
         path = Path(output_dir) / f"attention_map_{file_label(model['name'])}_{attention}_L{layer}.png"
         written.append(_save(fig, path))
     return written
 
 
-CURVE_LABELS = {"loss": "validation loss", "nll_loss": "validation NLL loss", "ppl": "validation perplexity",
-                "accuracy": "validation accuracy"}
+CURVE_LABELS = {
+    "loss": "validation loss",
+    "nll_loss": "validation NLL loss",
+    "ppl": "validation perplexity",
+    "accuracy": "validation accuracy",
+}
 LEARNING_CURVES_FIGSIZE, LEARNING_CURVES_DPI = (8, 3.5), 100  # an 800 x 350 pixel PNG
 
 
@@ -296,8 +343,11 @@ def plot_learning_curves(curves, path, metric="ppl"):
     `metric` (default perplexity, on a log axis) in the first panel, accuracy in a second one
     when logged. Writes an 8 x 3.5 inch PNG at 100 dpi to `path` and returns it, or None when no
     curve has `metric`."""
-    panels = [metric] + (["accuracy"] if metric != "accuracy" and any(
-        run.get("accuracy") for runs in curves.values() for run in runs) else [])
+    panels = [metric] + (
+        ["accuracy"]
+        if metric != "accuracy" and any(run.get("accuracy") for runs in curves.values() for run in runs)
+        else []
+    )
     if not any(run.get(metric) for runs in curves.values() for run in runs):
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=LEARNING_CURVES_FIGSIZE, squeeze=False, layout="constrained")
@@ -335,17 +385,27 @@ def learning_curves(models, output_dir):
     groups = group_by_variant((m["name"], m.get("validation_curve")) for m in models)
     if not groups:
         return None
-    logger.info("learning curves: %s", ", ".join(f"{label} ({len(runs)} run{'s' * (len(runs) > 1)})"
-                                                  for label, runs in groups.items()))
+    logger.info(
+        "learning curves: %s",
+        ", ".join(f"{label} ({len(runs)} run{'s' * (len(runs) > 1)})" for label, runs in groups.items()),
+    )
     return plot_learning_curves(groups, Path(output_dir) / "learning_curves.png")
 
 
 def write_figures(models, maps_per_model, output_dir):
     """All figures; returns the paths written."""
-    written = [alpha_histogram(models, output_dir), density_layers(models, output_dir),
-               js_layers(models, output_dir), learning_curves(models, output_dir)]
+    written = [
+        alpha_histogram(models, output_dir),
+        density_layers(models, output_dir),
+        js_layers(models, output_dir),
+        learning_curves(models, output_dir),
+    ]
     for model, maps in zip(models, maps_per_model):
-        written += [alpha_heatmap(model, output_dir), alpha_trajectories(model, output_dir),
-                    density_heads(model, output_dir), specialisation(model, output_dir)]
+        written += [
+            alpha_heatmap(model, output_dir),
+            alpha_trajectories(model, output_dir),
+            density_heads(model, output_dir),
+            specialisation(model, output_dir),
+        ]
         written += attention_maps(model, maps, output_dir)
     return [p for p in written if p is not None]

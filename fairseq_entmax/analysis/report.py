@@ -1,4 +1,5 @@
 """analysis.json and the CSV tables."""
+
 import csv
 import json
 import re
@@ -26,8 +27,17 @@ TABLES = {
 }
 
 COMPARISON_COLUMNS = (
-    "model", "attention", "normalizer", "alpha_mean", "alpha_min", "alpha_max",
-    "density_fraction", "density_count", "js_mean", "positional_heads", "bpe_merging_heads",
+    "model",
+    "attention",
+    "normalizer",
+    "alpha_mean",
+    "alpha_min",
+    "alpha_max",
+    "density_fraction",
+    "density_count",
+    "js_mean",
+    "positional_heads",
+    "bpe_merging_heads",
 )
 
 
@@ -45,14 +55,21 @@ def comparison_rows(models):
                 continue
             alphas = [r["alpha"] for r in model["alpha"] if r["attention"] == attention and r["alpha"] is not None]
             density = next(r for r in model["density_types"] if r["attention"] == attention)
-            rows.append(dict(
-                model=model["name"], attention=attention, normalizer=model["normalizers"][attention],
-                alpha_mean=_mean(alphas), alpha_min=min(alphas, default=None), alpha_max=max(alphas, default=None),
-                density_fraction=density["fraction"], density_count=density["count"],
-                js_mean=_mean([r["js"] for r in model["js"] if r["attention"] == attention]),
-                positional_heads=sum(r["attention"] == attention for r in model["positional_heads"]),
-                bpe_merging_heads=sum(r["attention"] == attention for r in model["bpe_merging_heads"]),
-            ))
+            rows.append(
+                dict(
+                    model=model["name"],
+                    attention=attention,
+                    normalizer=model["normalizers"][attention],
+                    alpha_mean=_mean(alphas),
+                    alpha_min=min(alphas, default=None),
+                    alpha_max=max(alphas, default=None),
+                    density_fraction=density["fraction"],
+                    density_count=density["count"],
+                    js_mean=_mean([r["js"] for r in model["js"] if r["attention"] == attention]),
+                    positional_heads=sum(r["attention"] == attention for r in model["positional_heads"]),
+                    bpe_merging_heads=sum(r["attention"] == attention for r in model["bpe_merging_heads"]),
+                )
+            )
     return rows
 
 

@@ -4,6 +4,7 @@ Batches stream through the model one at a time; hooks reduce each attention modu
 running sums at once (metrics.HeadStatistics), so no attention matrix outlives its batch, except
 the chosen sentence's, kept for its attention maps.
 """
+
 import logging
 from argparse import Namespace
 from pathlib import Path
@@ -29,7 +30,9 @@ def load_checkpoint(path, data, user_dir=USER_DIR):
         utils.import_user_module(Namespace(user_dir=user_dir))
     # (importing fairseq_entmax allowed the types fairseq checkpoints hold: weights_only stays on)
     try:
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data)})
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(path)], arg_overrides={"data": str(data)}
+        )
     except (OSError, EOFError, RuntimeError) as error:
         # A cut-short file (OSError, EOFError), or weights that do not fit the model built
         # with data's dictionaries (RuntimeError: size mismatch).
@@ -51,11 +54,15 @@ def _first_sentences_in_batches(dataset, num_sentences, max_positions, max_token
         order = order[order < num_sentences]
     order, ignored = dataset.filter_indices_by_size(order, max_positions)
     if len(ignored):
-        logger.warning("skipping %d sentences longer than the model's maximum positions %s", len(ignored), max_positions)
+        logger.warning(
+            "skipping %d sentences longer than the model's maximum positions %s", len(ignored), max_positions
+        )
     longest = max((int(dataset.num_tokens(i)) for i in order), default=0)
     if max_tokens is not None and longest > max_tokens:
-        raise ValueError(f"a sentence of {longest} tokens does not fit in a batch of --max-tokens {max_tokens}: "
-                         f"give --max-tokens {longest} or more")
+        raise ValueError(
+            f"a sentence of {longest} tokens does not fit in a batch of --max-tokens {max_tokens}: "
+            f"give --max-tokens {longest} or more"
+        )
     return dataset.batch_by_size(np.asarray(order, dtype=np.int64), max_tokens=max_tokens, max_sentences=batch_size)
 
 
@@ -123,7 +130,11 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     batches = _first_sentences_in_batches(
-        dataset, options.num_sentences, max_positions, options.max_tokens, options.batch_size,
+        dataset,
+        options.num_sentences,
+        max_positions,
+        options.max_tokens,
+        options.batch_size,
     )
     if len(batches) == 0:
         raise ValueError(f"subset {subset!r} of {data} gives no sentences to analyse")
@@ -151,8 +162,11 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
     label = name or str(path)
     # fairseq's progress bar: tqdm on a terminal, a log line every tenth of the batches otherwise
     bar = progress_bar.progress_bar(
-        batches, log_format=None if options.progress else "none", log_interval=max(1, len(batches) // 10),
-        prefix=f"analysing {label}", default_log_format="tqdm",
+        batches,
+        log_format=None if options.progress else "none",
+        log_interval=max(1, len(batches) // 10),
+        prefix=f"analysing {label}",
+        default_log_format="tqdm",
     )
     with torch.no_grad(), capture_attention(sites, receive):
         for batch_indices in bar:
@@ -175,8 +189,9 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
             bar.log({"sentences": n_sentences})
 
     if sentence_id is not None and maps["sentence_id"] is None:
-        logger.warning("sentence %d is not among the %d analysed sentences: no attention maps drawn",
-                       sentence_id, n_sentences)
+        logger.warning(
+            "sentence %d is not among the %d analysed sentences: no attention maps drawn", sentence_id, n_sentences
+        )
     result = _summarise(sites, statistics, options.positional_threshold, options.bpe_threshold)
     result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
@@ -187,9 +202,14 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
 
 def _trajectories(cfg, train_log):
     """Alpha trajectories from `train_log`, else from what the checkpoint says it logged to."""
-    candidates = [train_log] if train_log else [
-        cfg.common.get("tensorboard_logdir"), cfg.common.get("log_file"),
-    ]
+    candidates = (
+        [train_log]
+        if train_log
+        else [
+            cfg.common.get("tensorboard_logdir"),
+            cfg.common.get("log_file"),
+        ]
+    )
     for candidate in candidates:
         if candidate and Path(candidate).exists():
             trajectories = read_trajectories(candidate)
@@ -204,9 +224,14 @@ def _validation_curve(cfg, train_log):
     """The validation learning curve (of the run's first --valid-subset) from `train_log`, else
     from the --tensorboard-logdir or --log-file the checkpoint recorded; None if none has one."""
     subset = (cfg.dataset.get("valid_subset") or "valid").split(",")[0]
-    candidates = [train_log] if train_log else [
-        cfg.common.get("tensorboard_logdir"), cfg.common.get("log_file"),
-    ]
+    candidates = (
+        [train_log]
+        if train_log
+        else [
+            cfg.common.get("tensorboard_logdir"),
+            cfg.common.get("log_file"),
+        ]
+    )
     for candidate in candidates:
         if candidate and Path(candidate).exists():
             curve = read_validation_curve(candidate, subset)
@@ -217,7 +242,14 @@ def _validation_curve(cfg, train_log):
 
 def _summarise(sites, statistics, positional_threshold, bpe_threshold):
     normalizers, alpha, density, js, positional, positional_heads, merging, merging_heads = (
-        {}, [], [], [], [], [], [], []
+        {},
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
     )
     for site in sites:
         key = dict(attention=site.attention, layer=site.layer)
@@ -241,11 +273,16 @@ def _summarise(sites, statistics, positional_threshold, bpe_threshold):
             if merge[head] is not None and merge[head] >= bpe_threshold:
                 merging_heads.append(dict(key, head=head, mass=merge[head]))
     return dict(
-        normalizers=normalizers, alpha=alpha, density=density,
+        normalizers=normalizers,
+        alpha=alpha,
+        density=density,
         density_layers=_aggregate(density, ("attention", "layer")),
         density_types=_aggregate(density, ("attention",)),
-        js=js, positional=positional, positional_heads=positional_heads,
-        bpe_merging=merging, bpe_merging_heads=merging_heads,
+        js=js,
+        positional=positional,
+        positional_heads=positional_heads,
+        bpe_merging=merging,
+        bpe_merging_heads=merging_heads,
     )
 
 
@@ -258,10 +295,11 @@ def _aggregate(density, keys):
     for group_key, rows in groups.items():
         fractions = [r["fraction"] for r in rows if r["fraction"] is not None]
         counts = [r["count"] for r in rows if r["count"] is not None]
-        out.append(dict(
-            zip(keys, group_key),
-            fraction=float(np.mean(fractions)) if fractions else None,
-            count=float(np.mean(counts)) if counts else None,
-        ))
+        out.append(
+            dict(
+                zip(keys, group_key),
+                fraction=float(np.mean(fractions)) if fractions else None,
+                count=float(np.mean(counts)) if counts else None,
+            )
+        )
     return out
-

@@ -12,6 +12,7 @@ num_updates.
 The same sources give the validation learning curve (read_validation_curve): loss, nll_loss,
 ppl and accuracy of each end-of-validation summary, per num_updates.
 """
+
 import json
 import logging
 import re
@@ -35,7 +36,7 @@ def _payload(line):
     message is a json object, else None)."""
     line = line.strip()
     prefix = _LOGGING_PREFIX.match(line)
-    payload = line[prefix.end():] if prefix else line
+    payload = line[prefix.end() :] if prefix else line
     if not payload.startswith("{"):
         return payload, None
     try:
@@ -55,7 +56,7 @@ def _stats_of_line(line):
         # end-of-epoch json lines prefix every key with train_ / valid_
         for tag in ("train", "valid"):
             if f"{tag}_num_updates" in stats:
-                return tag, {k[len(tag) + 1:] if k.startswith(tag + "_") else k: v for k, v in stats.items()}
+                return tag, {k[len(tag) + 1 :] if k.startswith(tag + "_") else k: v for k, v in stats.items()}
         return "train_inner", stats
     inner = _SIMPLE_INNER.match(payload)
     if inner:
@@ -89,10 +90,16 @@ def _collect(records):
         key=lambda item: (order[item[0][0]], order[item[0][1]], item[0][2] or 0, item[0][3] or 0),
     ):
         steps = sorted(points)
-        trajectories.append(dict(
-            attention=attention, statistic=statistic, layer=layer, head=head,
-            steps=steps, values=[points[s] for s in steps],
-        ))
+        trajectories.append(
+            dict(
+                attention=attention,
+                statistic=statistic,
+                layer=layer,
+                head=head,
+                steps=steps,
+                values=[points[s] for s in steps],
+            )
+        )
     return trajectories
 
 
@@ -171,7 +178,7 @@ def _validation_stats(line, subset):
         tag = subset + "_"
         if not isinstance(stats, dict) or tag + "num_updates" not in stats:
             return None
-        return {k[len(tag):]: v for k, v in stats.items() if k.startswith(tag)}
+        return {k[len(tag) :]: v for k, v in stats.items() if k.startswith(tag)}
     match = _SIMPLE_VALID.match(payload)
     if match is None or match.group(1) != subset:
         return None

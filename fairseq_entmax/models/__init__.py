@@ -1,5 +1,6 @@
 """The fairseq layer's models: importing this registers adaptively_sparse_transformer and
 its architectures with fairseq."""
+
 from fairseq_entmax._fairseq_required import require_fairseq
 
 require_fairseq()

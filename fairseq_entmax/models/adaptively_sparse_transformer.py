@@ -6,6 +6,7 @@ Registered under one model name with two families of architectures:
 Any normalizer can be chosen for all attention or per attention type with the options of
 fairseq_entmax/options.py.
 """
+
 import argparse
 
 import torch
@@ -145,9 +146,7 @@ class AdaptivelySparseTransformerModel(TransformerModel):
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return SparseTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
-        )
+        return SparseTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     def head_alphas(self):
         """The learned alphas.
@@ -187,14 +186,20 @@ class AdaptivelySparseTransformerModel(TransformerModel):
             summary = {"mean": sum(flat) / len(flat), "min": min(flat), "max": max(flat)}
             for statistic in ALPHA_STATISTICS:
                 metrics.log_scalar(
-                    alpha_metric_name(attention_type, statistic), summary[statistic], weight=0, round=4,
+                    alpha_metric_name(attention_type, statistic),
+                    summary[statistic],
+                    weight=0,
+                    round=4,
                 )
             if self.log_alpha_per_head:
                 for layer, layer_values in per_layer:
                     for head, value in enumerate(layer_values):
                         metrics.log_scalar(
-                            alpha_head_metric_name(attention_type, layer, head), value, weight=0,
-                            round=4, priority=1000,
+                            alpha_head_metric_name(attention_type, layer, head),
+                            value,
+                            weight=0,
+                            round=4,
+                            priority=1000,
                         )
 
 
@@ -209,9 +214,7 @@ def _register(arch_name, normalizer, transformer_architecture):
         transformer_architecture(args)
 
     architecture.__name__ = arch_name
-    architecture.__doc__ = (
-        f"{transformer_architecture.__name__} sizes, {normalizer} attention by default."
-    )
+    architecture.__doc__ = f"{transformer_architecture.__name__} sizes, {normalizer} attention by default."
     return architecture
 
 

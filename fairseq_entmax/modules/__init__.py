@@ -1,4 +1,5 @@
 """The fairseq layer's modules: sparse multi-head attention and the layers built with it."""
+
 from fairseq_entmax._fairseq_required import require_fairseq
 
 require_fairseq()

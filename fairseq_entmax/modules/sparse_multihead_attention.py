@@ -1,4 +1,5 @@
 """fairseq's MultiheadAttention with the softmax replaced by any normalizer of the registry."""
+
 import math
 
 import torch
@@ -72,9 +73,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         **multihead_attention_kwargs,
     ):
         if attention_type not in ATTENTION_TYPES:
-            raise ValueError(
-                f"attention_type must be one of {', '.join(ATTENTION_TYPES)}, got {attention_type!r}"
-            )
+            raise ValueError(f"attention_type must be one of {', '.join(ATTENTION_TYPES)}, got {attention_type!r}")
         normalizer = normalizer_entry(normalizer_name)
         if multihead_attention_kwargs.get("xformers_att_config") is not None:
             raise ValueError(
@@ -122,7 +121,8 @@ class SparseMultiheadAttention(MultiheadAttention):
             text += ", compiled"
         if self.normalizer.parameter == "k":
             text += (
-                f", topk={self.topk}" if self.topk_fraction is None
+                f", topk={self.topk}"
+                if self.topk_fraction is None
                 else f", topk_fraction={self.topk_fraction}, topk_min={self.topk_min}"
             )
         return text
@@ -141,7 +141,9 @@ class SparseMultiheadAttention(MultiheadAttention):
         if self.normalizer.fixed_alpha is None:
             return None
         return torch.full(
-            (self.num_heads,), self.normalizer.fixed_alpha, device=self.q_proj.weight.device,
+            (self.num_heads,),
+            self.normalizer.fixed_alpha,
+            device=self.q_proj.weight.device,
         )
 
     def normalize(self, scores):
@@ -208,11 +210,14 @@ class SparseMultiheadAttention(MultiheadAttention):
             # fairseq's Python path adds attn_mask to the scores, so a boolean mask (True:
             # not allowed, as PyTorch's attention reads one) would add 1 where it hides.
             attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device).masked_fill_(
-                attn_mask, float("-inf"))
+                attn_mask, float("-inf")
+            )
         # fairseq's own code up to the softmax: projections, incremental state, bias_kv,
         # zero_attn, attention mask (additive) and key padding (-inf).
         scores, v = super().forward(
-            query, key, value,
+            query,
+            key,
+            value,
             key_padding_mask=key_padding_mask,
             incremental_state=incremental_state,
             need_weights=False,

@@ -3,6 +3,7 @@
 Only the attention factories fairseq provides for this are overridden; the layers'
 forward passes are fairseq's.
 """
+
 from fairseq.modules.transformer_layer import (
     TransformerDecoderLayerBase,
     TransformerEncoderLayerBase,

@@ -14,6 +14,7 @@ Each is a torch.autograd.Function with a hand-written backward that keeps only i
 The registry (registry.py) describes each normalizer once: its name, function, extra
 parameter and fixed alpha.
 """
+
 from fairseq_entmax.normalizers._common import sync_free
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15

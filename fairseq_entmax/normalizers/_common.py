@@ -6,6 +6,7 @@ are reused from block to block, so the only full-size tensors a call allocates a
 result (and, for backward, the gradient). The iterative threshold searches make several
 passes over each block, which is cheap in cache and expensive over the whole tensor.
 """
+
 import contextlib
 import numbers
 
@@ -137,10 +138,7 @@ def blocks_and_scratch(rows, num_scratch, block_scale=1):
     blocks = row_blocks(num_rows, d, rows.device, block_scale)
     block_rows = blocks[0][1] - blocks[0][0]
     cast = work_dtype != rows.dtype
-    scratch = [
-        torch.empty((block_rows, d), dtype=work_dtype, device=rows.device)
-        for _ in range(num_scratch + cast)
-    ]
+    scratch = [torch.empty((block_rows, d), dtype=work_dtype, device=rows.device) for _ in range(num_scratch + cast)]
     return blocks, scratch, cast, work_dtype
 
 
@@ -187,9 +185,7 @@ def map_rows(scores, dim, kernel, row_params=(), num_scratch=1, block_scale=1):
     return from_rows(out, moved_shape, dim)
 
 
-def map_rows_backward(
-    out, grad, dim, kernel, row_params=(), num_scratch=1, row_result=False, block_scale=1
-):
+def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_result=False, block_scale=1):
     """Blockwise VJP: `kernel(p_block, g_block, grad_block, *param_blocks, *scratch)`.
 
     p_block and g_block come in the compute dtype; grad_block receives the gradient of the
@@ -242,7 +238,8 @@ def output_only_forward(ctx, scores, dim, kernel, num_scratch=1, block_scale=1, 
     ctx.dim = dim
     ctx.block_scale = block_scale
     out = (
-        scores.clone() if scores.numel() == 0
+        scores.clone()
+        if scores.numel() == 0
         else map_rows(scores, dim, kernel, row_params, num_scratch=num_scratch, block_scale=block_scale)
     )
     ctx.save_for_backward(out)

@@ -1,4 +1,5 @@
 """1.5-entmax (Peters, Niculae, Martins 2019): p_i = [z_i / 2 - tau]_+^2, sum_i p_i = 1."""
+
 import torch
 
 from fairseq_entmax.normalizers._common import (

@@ -5,6 +5,7 @@ choices), SparseMultiheadAttention (what to pass the function, whether alpha is 
 each head's alpha) and the analysis (the alpha of a head). Adding a normalizer is adding an
 entry to NORMALIZERS (docs/normalizers.md, "Adding a normalizer").
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -43,9 +44,7 @@ class Normalizer:
 
     def __post_init__(self):
         if self.parameter not in PARAMETERS:
-            raise ValueError(
-                f"normalizer {self.name!r}: parameter must be one of {PARAMETERS}, got {self.parameter!r}"
-            )
+            raise ValueError(f"normalizer {self.name!r}: parameter must be one of {PARAMETERS}, got {self.parameter!r}")
         if self.fixed_alpha is not None and self.parameter is not None:
             raise ValueError(
                 f"normalizer {self.name!r}: a fixed alpha and a {self.parameter} parameter exclude each other"
@@ -83,9 +82,7 @@ def normalizer_entry(name):
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}"
-        ) from None
+        raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}") from None
 
 
 def get_normalizer(name):

@@ -1,4 +1,5 @@
 """softmax with the masking convention of this package: an all -inf row gives zeros."""
+
 import torch
 
 from fairseq_entmax.normalizers._common import check_scores, compute_dtype, uses_sync_free_path

@@ -1,5 +1,6 @@
 """sparsemax (Martins & Astudillo 2016): the Euclidean projection onto the simplex,
 p_i = [z_i - tau]_+ with tau such that sum_i p_i = 1."""
+
 import torch
 
 from fairseq_entmax.normalizers._common import (

@@ -1,4 +1,5 @@
 """Top-k softmax, the attention of the Explicit Sparse Transformer (Zhao et al. 2019)."""
+
 import functools
 import numbers
 
@@ -6,8 +7,8 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     as_rows,
-    check_values,
     check_scores,
+    check_values,
     output_only_forward,
     shift_rows,
     uses_sync_free_path,
@@ -65,8 +66,10 @@ def topk_softmax(scores, k, dim=-1):
     0; an all -inf row gives zeros. float16/bfloat16 are computed in float32.
     """
     dim = check_scores(scores, dim, "topk_softmax")
-    allowed = ("k must be an integer >= 1 (keys kept per row), or an integer tensor of such values "
-               "broadcastable to scores with size 1 along dim")
+    allowed = (
+        "k must be an integer >= 1 (keys kept per row), or an integer tensor of such values "
+        "broadcastable to scores with size 1 along dim"
+    )
     if torch.is_tensor(k):
         if k.is_floating_point() or k.is_complex() or k.dtype == torch.bool:
             raise ValueError(f"topk_softmax: got k of dtype {k.dtype}; {allowed}")
@@ -75,8 +78,10 @@ def topk_softmax(scores, k, dim=-1):
         try:
             k = k.to(device=scores.device, dtype=torch.long).expand(shape)
         except RuntimeError:
-            raise ValueError(f"topk_softmax: k of shape {tuple(k.shape)} does not fit scores of shape "
-                             f"{tuple(scores.shape)} with dim={dim}; {allowed}") from None
+            raise ValueError(
+                f"topk_softmax: k of shape {tuple(k.shape)} does not fit scores of shape "
+                f"{tuple(scores.shape)} with dim={dim}; {allowed}"
+            ) from None
         if k.numel():
             check_values(k, k >= 1, "topk_softmax: k contains {value}; " + allowed)
     elif isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
