@@ -25,11 +25,8 @@ GPU_BLOCK_ELEMENTS = 1 << 24
 # sparsemax and entmax15 make passes of cheap operations over a block, each followed by
 # operations on one value per row whose cost does not shrink with the block; with 2 threads
 # the passes are shared between the threads and those operations are not. Blocks
-# WIDE_BLOCK_SCALE times larger share that cost among more rows. Measured forward+backward,
-# 2 threads: sparsemax 4-13% faster at every shape of benchmarks/normalizers.py and on
-# attention scores captured from training; entmax15 7-30% faster up to 128 keys and on the
-# captured scores, within the noise at 512-1024 keys; with 1 thread, within the noise (-3%
-# to +14%). alpha_entmax's pow-heavy passes, and top-k, are faster at 2**18.
+# WIDE_BLOCK_SCALE times larger share that cost among more rows (the measurements are in
+# docs/normalizers.md); alpha_entmax's pow-heavy passes, and top-k, are faster at the base size.
 WIDE_BLOCK_SCALE = 4
 
 # entmax15 and alpha_entmax stop their Newton search on tau (which lies in [-1, 0]) once

@@ -38,16 +38,14 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
 # Rows with alpha - 1 below this are computed as softmax, their limit at alpha = 1. The
 # search works on r = (alpha - 1) z - tau, values near 1 whose rounding (eps) is an error of
-# eps / (alpha - 1) in the scores, raised to the power 1 / (alpha - 1): measured on random
-# rows, the max abs error of p is about 0.06 eps / (alpha - 1), and NaN in float32 at
-# alpha - 1 = 1e-6 and 1e-7. Softmax is off by about 1.9 (alpha - 1); the two errors cross at
-# these values (1.1e-4 in float32, 5e-9 in float64).
+# eps / (alpha - 1) in the scores, raised to the power 1 / (alpha - 1); softmax is off by a
+# multiple of alpha - 1. Below these values softmax's error is the smaller (both measured in
+# docs/normalizers.md).
 _SOFTMAX_BELOW = {torch.float32: 6e-5, torch.float64: 2.5e-9}
-# Rows with alpha - 1 below this get the alpha gradient from _alpha_gradient_near_one. The
-# general form divides by (alpha - 1)^2 a difference that cancels: in float32 its error grew
-# from 0.1% of the gradient at alpha - 1 = 0.01 to 8% at 0.001 and 11x the gradient at 1e-4.
-# (Above this the general form is kept: the other added 45% to a forward+backward at
-# 128x128x128, and the default clamp, alpha >= 1.01, never takes it.)
+# Rows with alpha - 1 below this get the alpha gradient from _alpha_gradient_near_one: the
+# general form divides by (alpha - 1)^2 a difference that cancels (its error is measured in
+# docs/normalizers.md). Above it the general form is kept, being cheaper, and the default
+# clamp, alpha >= 1.01, never leaves it.
 _NEAR_ONE_BELOW = 5e-3
 
 
@@ -273,7 +271,7 @@ def _check_alpha(alpha, scores, dim, max_alpha):
         )
     full = alpha.reshape((1,) * (scores.dim() - alpha.dim()) + tuple(alpha.shape))
     # Checked by hand: torch.broadcast_shapes imports torch's symbolic-shapes machinery on
-    # its first call, about 0.3 s added to every process's first attention call.
+    # its first call, a delay in every process's first attention call.
     fits = all(size in (1, scores_size) for size, scores_size in zip(full.shape, scores.shape))
     if not fits or full.shape[dim] != 1:
         raise ValueError(
