@@ -159,3 +159,28 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     assert (work / "tok" / "train.src").exists(), "the user's corpus was not Moses-tokenised"
     assert "| softmax " in resumed.stdout
     assert "| tok BLEU |" in (work / "results.md").read_text(), "no tokenized BLEU column in the table"
+
+
+def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tmp_path):
+    """A user's corpus without --tiny: BPE sized by the rule (300 pairs: 1000 merges), the plan
+    and its time estimate printed before training, and --max-update replacing the sized number
+    of updates (6 here, so that the 3+3-layer model trains in seconds)."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
+    work = tmp_path / "work"
+    proc = run([*QUICKSTART, "--data", corpus, "--src", "src", "--tgt", "tgt", "--models", "softmax",
+                "--max-update", "6", "--work-dir", work], timeout=600, cwd=REPO)
+    output = proc.stdout
+    assert "bpe: learning 1000 joint merges" in output
+    plan = next(line for line in output.splitlines() if "] plan: " in line)
+    assert "300 training pairs" in plan and "1000 BPE merges" in plan
+    assert "6 updates of 2048 tokens per model" in plan and "(--max-update)" in plan
+    assert "3+3 layers of width 128" in plan
+    estimate = next(line for line in output.splitlines() if "] estimate: about " in line)
+    assert "1 model(s)" in estimate and "translating 20 test sentences" in estimate
+    assert output.index("] estimate: ") < output.index("training (6 updates)")
+    command = (work / "models" / "softmax-seed1" / "train.log").read_text().splitlines()[0].split()
+    assert command[command.index("--max-update") + 1] == "6"
+    assert command[command.index("--warmup-updates") + 1] == "1"  # at most a quarter of the updates
+    assert command[command.index("--encoder-layers") + 1] == "3"
+    assert [row["model"] for row in json.loads((work / "results.json").read_text())] == ["softmax"]
+

@@ -10,9 +10,14 @@ fairseq-preprocess -> fairseq-train per attention variant -> fairseq-generate on
 sacreBLEU BLEU and chrF -> fairseq-entmax-analyze (attention density, learned alphas,
 figures) -> one table. Everything goes to --work-dir; a second run skips finished stages and
 resumes an interrupted training from its last checkpoint.
+
+On your corpus, BPE and training are sized to it (own_corpus_bpe_merges, own_corpus_max_update)
+and the plan, with an estimate of its time, is printed before training; --max-update and
+--bpe-merges override the sizes.
 """
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -39,6 +44,70 @@ SIZES = {
              "warmup": 10, "layers": 1, "dim": 32, "ffn": 64, "heads": 2, "topk": 2},
 }
 
+# Your own corpus (--data, without --tiny): the model, batch and schedule of the reduced-scale
+# reproduction's "early" budget, the same post-norm recipe as the demo's (3+3 layers of width
+# 128, batches of 2048 tokens, lr 2e-3 after 400 warm-up updates; k = 8 for top-k). On 19.7k
+# TED de-en pairs with 8000 merges and 1600 updates it gave tokenized BLEU 6-8, the variants
+# apart by more than the spread between seeds (docs/reproduction.md); the demo's sizes gave
+# about 1 for every model. BPE merges and updates follow the corpus (the two functions below);
+# the warm-up is at most a quarter of the updates.
+OWN_CORPUS = {"max_tokens": 2048, "warmup": 400, "layers": 3, "dim": 128, "ffn": 512, "heads": 4, "topk": 8}
+MERGES_PER_TRAINING_PAIR, MERGES_RANGE = 0.5, (1000, 8000)
+PASSES_OVER_TRAINING_DATA, UPDATES_RANGE = 6, (300, 1600)
+# Measured for the estimate printed before training (docs/recipes.md, "Your own corpus", says
+# how): CPU seconds per update of fairseq-train of this model, one thread, 16,000 TED pairs, on
+# the 2-core development machine; and per test sentence and model, fairseq-generate (beam 5)
+# plus fairseq-entmax-analyze.
+SECONDS_PER_UPDATE = {"softmax": 0.83, "entmax15": 0.83, "alpha_entmax": 1.09, "topk": 0.82}
+SECONDS_PER_TEST_SENTENCE = 0.08
+
+
+def own_corpus_bpe_merges(n_training_pairs):
+    """Joint BPE merges for a corpus: one per two training pairs, rounded to the thousand, from
+    1000 to 8000 (halves rounded up). Fewer merges than the usual 32k (small corpora do better
+    with small vocabularies: every subword is seen often enough to be learnt); 8000 from 15,000
+    pairs up, as for the reproduction's 19.7k TED pairs."""
+    merges = 1000 * math.floor(n_training_pairs * MERGES_PER_TRAINING_PAIR / 1000 + 0.5)
+    return int(min(MERGES_RANGE[1], max(MERGES_RANGE[0], merges)))
+
+
+def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
+    """Training updates for a corpus: enough batches of max_tokens for 6 passes over the
+    training data (training_tokens: see count_training_tokens), rounded up to the hundred, from
+    300 (a tiny corpus still trains for a while) to 1600 (22-29 minutes per model on a core of
+    the development machine; raise --max-update for more)."""
+    updates = 100 * math.ceil(PASSES_OVER_TRAINING_DATA * training_tokens / max_tokens / 100)
+    return int(min(UPDATES_RANGE[1], max(UPDATES_RANGE[0], updates)))
+
+
+def count_training_tokens(bpe_dir, src, tgt):
+    """What a pass over the training data costs in batch tokens: per pair, the longer side in
+    BPE tokens plus its end-of-sentence token (fairseq pads a batch to its longest sentence)."""
+    sources, targets = read_lines(Path(bpe_dir) / f"train.{src}"), read_lines(Path(bpe_dir) / f"train.{tgt}")
+    return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
+
+
+def estimated_seconds(max_update, models, n_test):
+    """Training, translation and analysis of these models at the measured rates above."""
+    return sum(max_update * SECONDS_PER_UPDATE[m] + n_test * SECONDS_PER_TEST_SENTENCE for m in models)
+
+
+def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max_update_given):
+    """The lines printed before training on a user's corpus: sizes, and the time they take."""
+    passes = size["max_update"] * size["max_tokens"] / training_tokens
+    how = "--max-update" if max_update_given else (
+        f"{PASSES_OVER_TRAINING_DATA} passes rounded up to the hundred, {UPDATES_RANGE[0]} to {UPDATES_RANGE[1]}")
+    seconds = estimated_seconds(size["max_update"], models, n_test)
+    per_model = seconds / len(models)
+    return [
+        f"plan: {n_training_pairs} training pairs, {training_tokens} batch tokens per pass; {size['bpe_merges']} "
+        f"BPE merges; {size['max_update']} updates of {size['max_tokens']} tokens per model, {passes:.1f} passes "
+        f"over the training data ({how}); {size['layers']}+{size['layers']} layers of width {size['dim']}",
+        f"estimate: about {format_seconds(seconds)} for {len(models)} model(s) ({format_seconds(per_model)} each: "
+        f"training, translating {n_test} test sentences, analysis) at the rates measured on one core of the "
+        "2-core development machine (docs/recipes.md); --max-update N changes it",
+    ]
+
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,8 +119,10 @@ def parse_args(argv=None):
                         "runs/quickstart-<data folder name>-<src>-<tgt> for your corpus; -tiny added with --tiny)")
     parser.add_argument("--models", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="attention variants to train (default: all four)")
-    parser.add_argument("--max-update", type=int, help="training updates per model (default: %d)" % SIZES["demo"]["max_update"])
-    parser.add_argument("--bpe-merges", type=int, help="BPE merge operations")
+    parser.add_argument("--max-update", type=int, help="training updates per model (default: {} for the toy pair; "
+                        "with --data, sized to the corpus: see docs/recipes.md)".format(SIZES["demo"]["max_update"]))
+    parser.add_argument("--bpe-merges", type=int, help="BPE merge operations (default: {} for the toy pair; with "
+                        "--data, sized to the corpus)".format(SIZES["demo"]["bpe_merges"]))
     parser.add_argument("--tiny", action="store_true", help="a very small run (a few seconds per model), for tests")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
     args = parser.parse_args(argv)
@@ -70,12 +141,14 @@ def main(argv=None):
 
 
 def run(args):
-    size = dict(SIZES["tiny" if args.tiny else "demo"])
+    own_corpus = args.data is not None
+    # Sized to the corpus: a user's corpus at full size (the toy pair and --tiny have fixed sizes).
+    sized = own_corpus and not args.tiny
+    size = dict(OWN_CORPUS if sized else SIZES["tiny" if args.tiny else "demo"])
     if args.max_update:
         size["max_update"] = args.max_update
     if args.bpe_merges:
         size["bpe_merges"] = args.bpe_merges
-    own_corpus = args.data is not None
     # One default folder per corpus, direction and size: a run never finds another's models.
     name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
     work = (args.work_dir or REPO / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
@@ -96,11 +169,20 @@ def run(args):
     counts = check_parallel_corpus(files)
     log(f"corpus {raw_dir} {src}->{tgt}: " + ", ".join(f"{s} {n} lines" for s, n in counts.items()))
     work.mkdir(parents=True, exist_ok=True)
+    if sized:
+        size.setdefault("bpe_merges", own_corpus_bpe_merges(counts["train"]))
 
     # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
     # fairseq-preprocess.
     text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
                                        tokenize=own_corpus, clean=None)
+    if sized:
+        training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
+        size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
+        size["warmup"] = min(size["warmup"], size["max_update"] // 4)
+        for line in own_corpus_plan(size, counts["train"], training_tokens, args.models, counts["test"],
+                                    max_update_given=bool(args.max_update)):
+            log(line)
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
     # translation of the test set and scoring.
