@@ -2,6 +2,7 @@
 at its --tiny size (toy corpus, BPE, fairseq-preprocess, four fairseq-train runs,
 fairseq-generate, sacrebleu, fairseq-entmax-analyze, table), on a user's own corpus, with bad
 input, and resumed after an interrupt."""
+
 import json
 import os
 import re
@@ -105,8 +106,12 @@ def test_quickstart_rejects_bad_corpus_before_training(tmp_path, case):
         tgt = "xx"
         expected = "train.xx"
     work = tmp_path / "work"
-    proc = run([*QUICKSTART, "--data", corpus, "--src", src, "--tgt", tgt, "--work-dir", work],
-               check=False, timeout=120, cwd=REPO)
+    proc = run(
+        [*QUICKSTART, "--data", corpus, "--src", src, "--tgt", tgt, "--work-dir", work],
+        check=False,
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 2
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -126,19 +131,43 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     instead of starting over; the corpus is Moses-tokenised and tokenized BLEU reported."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
-    command = [*QUICKSTART, "--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt",
-               "--models", "softmax", "--max-update", "400", "--work-dir", work]
+    command = [
+        *QUICKSTART,
+        "--tiny",
+        "--data",
+        corpus,
+        "--src",
+        "src",
+        "--tgt",
+        "tgt",
+        "--models",
+        "softmax",
+        "--max-update",
+        "400",
+        "--work-dir",
+        work,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     # Ctrl-C works as in a terminal even when this suite runs as a background job, whose
     # shell started it with SIGINT ignored (an ignored signal is inherited across exec).
-    proc = subprocess.Popen([str(c) for c in command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=REPO, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [str(c) for c in command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     train_log_path = work / "models" / "softmax-seed1" / "train.log"
     # fairseq logs "Saved checkpoint" once checkpoint_last.pt is completely written.
     deadline = time.time() + 600
-    while proc.poll() is None and time.time() < deadline and not (
-            train_log_path.exists() and "Saved checkpoint" in train_log_path.read_text()):
+    while (
+        proc.poll() is None
+        and time.time() < deadline
+        and not (train_log_path.exists() and "Saved checkpoint" in train_log_path.read_text())
+    ):
         time.sleep(0.2)
     assert "Saved checkpoint" in train_log_path.read_text(), "no checkpoint was written before the interrupt"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
@@ -149,7 +178,7 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     resumed = run(command, timeout=900, cwd=REPO)
     assert "resuming from" in resumed.stdout
     train_log = (work / "models" / "softmax-seed1" / "train.log").read_text()
-    second_run = train_log[train_log.rindex("$ "):]
+    second_run = train_log[train_log.rindex("$ ") :]
     loaded = re.search(r"Loaded checkpoint \S+ \(epoch (\d+) @ (\d+) updates\)", second_run)
     assert loaded and int(loaded.group(2)) > 0, second_run[-3000:]
     assert (work / "data-bin" / "preprocess.done").stat().st_mtime == data_bin_stamp, "data was rebuilt"
@@ -167,8 +196,25 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tm
     of updates (6 here, so that the 3+3-layer model trains in seconds)."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
-    proc = run([*QUICKSTART, "--data", corpus, "--src", "src", "--tgt", "tgt", "--models", "softmax",
-                "--max-update", "6", "--work-dir", work], timeout=600, cwd=REPO)
+    proc = run(
+        [
+            *QUICKSTART,
+            "--data",
+            corpus,
+            "--src",
+            "src",
+            "--tgt",
+            "tgt",
+            "--models",
+            "softmax",
+            "--max-update",
+            "6",
+            "--work-dir",
+            work,
+        ],
+        timeout=600,
+        cwd=REPO,
+    )
     output = proc.stdout
     assert "bpe: learning 1000 joint merges" in output
     plan = next(line for line in output.splitlines() if "] plan: " in line)
@@ -183,4 +229,3 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tm
     assert command[command.index("--warmup-updates") + 1] == "1"  # at most a quarter of the updates
     assert command[command.index("--encoder-layers") + 1] == "3"
     assert [row["model"] for row in json.loads((work / "results.json").read_text())] == ["softmax"]
-

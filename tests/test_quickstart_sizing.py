@@ -1,6 +1,7 @@
 """The quickstart's sizes on a user's own corpus (--data): the documented rule for BPE merges and
 training updates, the count it is applied to, and the plan with its time estimate printed before
 training. In process, nothing trained (tests/test_quickstart.py runs the script itself)."""
+
 import pytest
 
 from examples.pipeline.training import VARIANTS
@@ -16,23 +17,38 @@ from examples.quickstart.quickstart import (
 )
 
 
-@pytest.mark.parametrize("pairs,merges", [
-    (500, 1000), (2_000, 1000), (3_200, 2000), (5_000, 3000), (9_000, 5000), (10_000, 5000),
-    (14_999, 7000), (15_000, 8000), (16_000, 8000), (19_689, 8000), (200_000, 8000),
-])
+@pytest.mark.parametrize(
+    "pairs,merges",
+    [
+        (500, 1000),
+        (2_000, 1000),
+        (3_200, 2000),
+        (5_000, 3000),
+        (9_000, 5000),
+        (10_000, 5000),
+        (14_999, 7000),
+        (15_000, 8000),
+        (16_000, 8000),
+        (19_689, 8000),
+        (200_000, 8000),
+    ],
+)
 def test_bpe_merges_are_one_per_two_training_pairs_from_1000_to_8000(pairs, merges):
     """Rounded to the thousand, halves up (5,000 pairs: 2,500 -> 3,000)."""
     assert own_corpus_bpe_merges(pairs) == merges
 
 
-@pytest.mark.parametrize("tokens,updates", [
-    # 16,000 pairs of the IWSLT16 TED sample after Moses and 8000 merges (docs/recipes.md):
-    # 6 x 434,307 / 2048 = 1272.4 batches, rounded up to the hundred.
-    (434_307, 1300),
-    (20_000, 300),         # a small corpus still trains for 300 updates
-    (10_000_000, 1600),    # a large one stops at 1600 (raise --max-update for more)
-    (341_333, 1000),       # 6 x 341,333 / 2048 = 999.999: rounded up to 1000, not 1100
-])
+@pytest.mark.parametrize(
+    "tokens,updates",
+    [
+        # 16,000 pairs of the IWSLT16 TED sample after Moses and 8000 merges (docs/recipes.md):
+        # 6 x 434,307 / 2048 = 1272.4 batches, rounded up to the hundred.
+        (434_307, 1300),
+        (20_000, 300),  # a small corpus still trains for 300 updates
+        (10_000_000, 1600),  # a large one stops at 1600 (raise --max-update for more)
+        (341_333, 1000),  # 6 x 341,333 / 2048 = 999.999: rounded up to 1000, not 1100
+    ],
+)
 def test_updates_are_six_passes_over_the_training_tokens_from_300_to_1600(tokens, updates):
     assert own_corpus_max_update(tokens) == updates
     assert own_corpus_max_update(tokens, max_tokens=OWN_CORPUS["max_tokens"]) == updates
@@ -54,8 +70,9 @@ def test_plan_states_the_sizes_and_the_estimate_and_names_max_update(monkeypatch
     assert "8000 BPE merges" in plan and "1300 updates of 2048 tokens per model" in plan
     assert "6.1 passes over the training data (6 passes rounded up to the hundred, 300 to 1600)" in plan
     assert "about 52m02s for 4 model(s) (13m00s each" in plan and "--max-update N" in plan
-    given = "\n".join(own_corpus_plan(dict(size, max_update=50), 16_000, 434_307, ["softmax"], 1305,
-                                      max_update_given=True))
+    given = "\n".join(
+        own_corpus_plan(dict(size, max_update=50), 16_000, 434_307, ["softmax"], 1305, max_update_given=True)
+    )
     assert "50 updates of 2048 tokens per model, 0.2 passes over the training data (--max-update)" in given
     assert "about 2m36s for 1 model(s)" in given  # 50 x 0.5 + 1305 x 0.1 = 155.5 s
 
@@ -99,8 +116,21 @@ def test_max_update_and_bpe_merges_override_the_rule(tmp_path, monkeypatch):
 
     def sizes(*options):
         work = tmp_path / ("work" + "".join(options))
-        args = quickstart.parse_args(["--data", str(corpus), "--src", "de", "--tgt", "en", "--models", "softmax",
-                                      "--work-dir", str(work), *options])
+        args = quickstart.parse_args(
+            [
+                "--data",
+                str(corpus),
+                "--src",
+                "de",
+                "--tgt",
+                "en",
+                "--models",
+                "softmax",
+                "--work-dir",
+                str(work),
+                *options,
+            ]
+        )
         with pytest.raises(Stop):
             quickstart.run(args)
         return chosen["bpe_merges"], chosen["settings"].max_update, chosen["settings"].warmup_updates

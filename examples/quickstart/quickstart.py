@@ -15,6 +15,7 @@ On your corpus, BPE and training are sized to it (own_corpus_bpe_merges, own_cor
 and the plan, with an estimate of its time, is printed before training; --max-update and
 --bpe-merges override the sizes.
 """
+
 import argparse
 import json
 import math
@@ -38,10 +39,32 @@ REPO = Path(__file__).resolve().parents[2]
 # every model reaches BLEU ~80 on the toy pair (docs/recipes.md); --tiny is the test
 # suite's size.
 SIZES = {
-    "demo": {"n_train": 20000, "n_eval": 500, "bpe_merges": 300, "max_update": 200, "max_tokens": 4096,
-             "warmup": 100, "layers": 2, "dim": 128, "ffn": 256, "heads": 4, "topk": 4},
-    "tiny": {"n_train": 600, "n_eval": 40, "bpe_merges": 100, "max_update": 20, "max_tokens": 1024,
-             "warmup": 10, "layers": 1, "dim": 32, "ffn": 64, "heads": 2, "topk": 2},
+    "demo": {
+        "n_train": 20000,
+        "n_eval": 500,
+        "bpe_merges": 300,
+        "max_update": 200,
+        "max_tokens": 4096,
+        "warmup": 100,
+        "layers": 2,
+        "dim": 128,
+        "ffn": 256,
+        "heads": 4,
+        "topk": 4,
+    },
+    "tiny": {
+        "n_train": 600,
+        "n_eval": 40,
+        "bpe_merges": 100,
+        "max_update": 20,
+        "max_tokens": 1024,
+        "warmup": 10,
+        "layers": 1,
+        "dim": 32,
+        "ffn": 64,
+        "heads": 2,
+        "topk": 2,
+    },
 }
 
 # Your own corpus (--data, without --tiny): the model, batch and schedule of the reduced-scale
@@ -95,8 +118,11 @@ def estimated_seconds(max_update, models, n_test):
 def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max_update_given):
     """The lines printed before training on a user's corpus: sizes, and the time they take."""
     passes = size["max_update"] * size["max_tokens"] / training_tokens
-    how = "--max-update" if max_update_given else (
-        f"{PASSES_OVER_TRAINING_DATA} passes rounded up to the hundred, {UPDATES_RANGE[0]} to {UPDATES_RANGE[1]}")
+    how = (
+        "--max-update"
+        if max_update_given
+        else (f"{PASSES_OVER_TRAINING_DATA} passes rounded up to the hundred, {UPDATES_RANGE[0]} to {UPDATES_RANGE[1]}")
+    )
     seconds = estimated_seconds(size["max_update"], models, n_test)
     per_model = seconds / len(models)
     return [
@@ -111,18 +137,40 @@ def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, help="directory with your corpus: {train,valid,test}.{SRC,TGT}, "
-                        "raw text, one sentence per line (default: the generated toy pair)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="directory with your corpus: {train,valid,test}.{SRC,TGT}, "
+        "raw text, one sentence per line (default: the generated toy pair)",
+    )
     parser.add_argument("--src", help="source language code (file suffix), with --data")
     parser.add_argument("--tgt", help="target language code (file suffix), with --data")
-    parser.add_argument("--work-dir", type=Path, help="where everything is written (default: runs/quickstart, or "
-                        "runs/quickstart-<data folder name>-<src>-<tgt> for your corpus; -tiny added with --tiny)")
-    parser.add_argument("--models", nargs="+", default=list(VARIANTS), choices=VARIANTS,
-                        help="attention variants to train (default: all four)")
-    parser.add_argument("--max-update", type=int, help="training updates per model (default: {} for the toy pair; "
-                        "with --data, sized to the corpus: see docs/recipes.md)".format(SIZES["demo"]["max_update"]))
-    parser.add_argument("--bpe-merges", type=int, help="BPE merge operations (default: {} for the toy pair; with "
-                        "--data, sized to the corpus)".format(SIZES["demo"]["bpe_merges"]))
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="where everything is written (default: runs/quickstart, or "
+        "runs/quickstart-<data folder name>-<src>-<tgt> for your corpus; -tiny added with --tiny)",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=VARIANTS,
+        help="attention variants to train (default: all four)",
+    )
+    parser.add_argument(
+        "--max-update",
+        type=int,
+        help="training updates per model (default: {} for the toy pair; "
+        "with --data, sized to the corpus: see docs/recipes.md)".format(SIZES["demo"]["max_update"]),
+    )
+    parser.add_argument(
+        "--bpe-merges",
+        type=int,
+        help="BPE merge operations (default: {} for the toy pair; with --data, sized to the corpus)".format(
+            SIZES["demo"]["bpe_merges"]
+        ),
+    )
     parser.add_argument("--tiny", action="store_true", help="a very small run (a few seconds per model), for tests")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
     args = parser.parse_args(argv)
@@ -174,27 +222,45 @@ def run(args):
 
     # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
     # fairseq-preprocess.
-    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"],
-                                       tokenize=own_corpus, clean=None)
+    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None)
     if sized:
         training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
         size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
-        for line in own_corpus_plan(size, counts["train"], training_tokens, args.models, counts["test"],
-                                    max_update_given=bool(args.max_update)):
+        for line in own_corpus_plan(
+            size, counts["train"], training_tokens, args.models, counts["test"], max_update_given=bool(args.max_update)
+        ):
             log(line)
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
     # translation of the test set and scoring.
     settings = TrainSettings(
-        arch="adaptively_sparse_transformer", max_update=size["max_update"], max_tokens=size["max_tokens"],
-        lr=2e-3, warmup_updates=size["warmup"], dropout=0.1, topk=size["topk"], keep_last_epochs=1,
+        arch="adaptively_sparse_transformer",
+        max_update=size["max_update"],
+        max_tokens=size["max_tokens"],
+        lr=2e-3,
+        warmup_updates=size["warmup"],
+        dropout=0.1,
+        topk=size["topk"],
+        keep_last_epochs=1,
         log_interval=max(1, size["max_update"] // 6),
         model_args=[
-            "--encoder-layers", size["layers"], "--decoder-layers", size["layers"],
-            "--encoder-embed-dim", size["dim"], "--decoder-embed-dim", size["dim"],
-            "--encoder-ffn-embed-dim", size["ffn"], "--decoder-ffn-embed-dim", size["ffn"],
-            "--encoder-attention-heads", size["heads"], "--decoder-attention-heads", size["heads"],
+            "--encoder-layers",
+            size["layers"],
+            "--decoder-layers",
+            size["layers"],
+            "--encoder-embed-dim",
+            size["dim"],
+            "--decoder-embed-dim",
+            size["dim"],
+            "--encoder-ffn-embed-dim",
+            size["ffn"],
+            "--decoder-ffn-embed-dim",
+            size["ffn"],
+            "--encoder-attention-heads",
+            size["heads"],
+            "--decoder-attention-heads",
+            size["heads"],
         ],
         extra_args=["--no-epoch-checkpoints"],
     )
@@ -202,10 +268,22 @@ def run(args):
     references_raw = read_lines(files["test"][1])
     rows = []
     for i, variant in enumerate(args.models, 1):
-        rows.append(train_and_evaluate(
-            data_bin, work, variant, 1, settings, references_tok, references_raw, tgt,
-            label=f"{variant} [{i}/{len(args.models)}]", max_len=(1.5, 10), tokenized_bleu=own_corpus,
-            threads=args.threads))
+        rows.append(
+            train_and_evaluate(
+                data_bin,
+                work,
+                variant,
+                1,
+                settings,
+                references_tok,
+                references_raw,
+                tgt,
+                label=f"{variant} [{i}/{len(args.models)}]",
+                max_len=(1.5, 10),
+                tokenized_bleu=own_corpus,
+                threads=args.threads,
+            )
+        )
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
@@ -214,9 +292,11 @@ def run(args):
     for row in rows:
         row.update((analysis or {}).get(row["model"], {}))
     table = format_table(rows, bleu_tok=own_corpus)
-    signatures = (f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}")
-    notes = (f"Test set: {counts['test']} sentences of {raw_dir} ({src}->{tgt}); density = mean fraction of "
-             "keys with nonzero weight; alpha = per-head alpha (1 softmax, 1.5 entmax15, learned for alpha_entmax).")
+    signatures = f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}"
+    notes = (
+        f"Test set: {counts['test']} sentences of {raw_dir} ({src}->{tgt}); density = mean fraction of "
+        "keys with nonzero weight; alpha = per-head alpha (1 softmax, 1.5 entmax15, learned for alpha_entmax)."
+    )
     (work / "results.json").write_text(json.dumps(rows, indent=1) + "\n")
     (work / "results.md").write_text(f"{table}\n\n{signatures}\n\n{notes}\n")
     print()
