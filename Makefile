@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml setup.py Makefile
 demo: setup
 	$(PY) -m examples.quickstart.quickstart
 
+# One worker per core (pytest-xdist): most tests wait on fairseq commands run one at a time.
 test: setup
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q -n auto --dist loadgroup
 
 # The inner loop: every test not marked slow (the slow ones train through fairseq-train or
 # run a recipe; tests/conftest.py says which): about a minute of CPU time.

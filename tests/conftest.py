@@ -53,6 +53,11 @@ def pytest_collection_modifyitems(config, items):
             or name in SLOW_TESTS
         ):
             item.add_marker(pytest.mark.slow)
+        # Under pytest-xdist (make test runs it), the tests that share a module-scoped fixture
+        # (a recipe or quickstart run of minutes) go to one worker, which runs it once.
+        fixture_defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(defs[-1].scope == "module" for defs in fixture_defs.values()):
+            item.add_marker(pytest.mark.xdist_group(name=module))
 
 
 def pytest_configure(config):
