@@ -43,7 +43,7 @@ test: setup
 # The inner loop: every test not marked slow (the slow ones train through fairseq-train or
 # run a recipe; tests/conftest.py says which): about a minute of CPU time.
 test-fast: setup
-	$(PY) -m pytest tests -q -m "not slow"
+	$(PY) -m pytest tests -q -m "not slow" -n auto
 
 # ruff's linter and formatter, configured in pyproject.toml; `lint` changes nothing.
 lint: setup
