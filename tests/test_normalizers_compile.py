@@ -2,6 +2,8 @@
 and backward, with the CPU inductor: results equal to eager within the documented tolerances,
 and one graph for every batch shape (no recompilation when the shape changes)."""
 
+import functools
+
 import pytest
 import torch
 import torch._dynamo
@@ -16,7 +18,9 @@ MAPS = {
     "softmax": lambda x, alpha: softmax(x),
     "sparsemax": lambda x, alpha: sparsemax(x),
     "entmax15": lambda x, alpha: entmax15(x),
-    "alpha_entmax": lambda x, alpha: alpha_entmax(x, alpha, max_alpha=2.0),
+    # max_alpha an argument of the compiled function, as SparseMultiheadAttention passes its
+    # clamp: dynamic=True makes it a symbolic float (which once broke the capture)
+    "alpha_entmax": functools.partial(alpha_entmax, dim=-1, max_alpha=2.0),
     "topk_softmax": lambda x, alpha: topk_softmax(x, 3),
     "topk_softmax_per_row": lambda x, alpha: topk_softmax(
         x, torch.ceil((x > float("-inf")).sum(-1, keepdim=True) * 0.3).long().clamp(min=1)

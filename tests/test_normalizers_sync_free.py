@@ -243,5 +243,5 @@ def test_sync_free_path_still_refuses_bad_values(name, bad):
             alpha_entmax(scores, torch.tensor([[1.5], [0.5]]))
         else:
             topk_softmax(scores, torch.tensor([[2], [0]]))
-    with sync_free(), pytest.raises(RuntimeError, match="at most max_alpha=2.0"):
+    with sync_free(), pytest.raises(RuntimeError, match="at most max_alpha"):
         alpha_entmax(scores, torch.tensor([[1.5], [2.5]]), max_alpha=2.0)

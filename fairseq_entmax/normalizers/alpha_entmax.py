@@ -255,7 +255,8 @@ def _check_alpha(alpha, scores, dim, max_alpha):
     allowed = (
         "alpha must be >= 1 (1 = softmax, 1.5 = entmax15, 2 = sparsemax), given as a finite "
         "float or a floating tensor broadcastable to scores with size 1 along dim"
-        + ("" if max_alpha is None else f", and at most max_alpha={max_alpha}")
+        # (max_alpha not formatted: under torch.compile(dynamic=True) it is a symbolic float)
+        + ("" if max_alpha is None else ", and at most max_alpha")
     )
     if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
         alpha = float(alpha)
