@@ -18,7 +18,7 @@ sentences over the difference in the times fairseq reports. What a process pays 
 calls, one-off set-up, which differ between fairseq's attention path and ours) is paid on the
 same first batch in both runs, so it cancels. After a round's models are trained, their
 generation runs are interleaved (A, B, C, D, A, B, ...) and the median is kept: a run takes
-seconds, and this machine's speed drifts by more than 10% from one to the next.
+seconds, and a machine's speed drifts from one to the next (benchmarks/RESULTS.md).
 
     python benchmarks/training.py                     # CPU, both settings
     python benchmarks/training.py --device cuda       # on a GPU
