@@ -233,6 +233,8 @@ def run(args):
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
     # translation of the test set and scoring.
+    from fairseq_entmax.names import model_size_args  # imports fairseq: only when training
+
     settings = TrainSettings(
         arch="adaptively_sparse_transformer",
         max_update=size["max_update"],
@@ -243,24 +245,7 @@ def run(args):
         topk=size["topk"],
         keep_last_epochs=1,
         log_interval=max(1, size["max_update"] // 6),
-        model_args=[
-            "--encoder-layers",
-            size["layers"],
-            "--decoder-layers",
-            size["layers"],
-            "--encoder-embed-dim",
-            size["dim"],
-            "--decoder-embed-dim",
-            size["dim"],
-            "--encoder-ffn-embed-dim",
-            size["ffn"],
-            "--decoder-ffn-embed-dim",
-            size["ffn"],
-            "--encoder-attention-heads",
-            size["heads"],
-            "--decoder-attention-heads",
-            size["heads"],
-        ],
+        model_args=model_size_args(size["layers"], size["dim"], size["ffn"], size["heads"]),
         extra_args=["--no-epoch-checkpoints"],
     )
     references_tok = read_lines(text_dir / f"test.{tgt}")
