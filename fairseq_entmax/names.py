@@ -1,8 +1,12 @@
 """Names shared by the fairseq layer, its training log, the analysis and the recipes.
 
 The attention types, the names of the alpha metrics the model logs, and fairseq's model-size
-options are each written here once. This module imports nothing, so it can be imported
-where neither fairseq nor torch is needed (fairseq_entmax's own __init__ still runs first).
+options are each written here once. This module imports nothing itself, but importing it runs
+fairseq_entmax/__init__.py first, which imports fairseq (seconds) when it is installed: fairseq's
+--user-dir imports only the package, and skips a package already imported, so the models must
+register on the package's import, and no import of a submodule can avoid that. Code that must
+not wait for fairseq (the recipes' stages that only check what is done) imports names inside
+the function that needs it.
 """
 
 import re
