@@ -60,9 +60,21 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 def load_checkpoint_safely(f, map_location="cpu", **kwargs):
     """torch.load(f) with the safe unpickler (weights_only=True, whatever torch's default or
-    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD say); a checkpoint holding a pickled object outside the
-    allowlist raises UnsafeCheckpointError naming the file. Importing fairseq_entmax first
-    (with fairseq installed) allowlists the types fairseq checkpoints hold."""
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD say). Importing fairseq_entmax first (with fairseq
+    installed) allowlists the types fairseq checkpoints hold.
+
+    Args:
+        f: a path or an open binary file, as torch.load takes it.
+        map_location: where the tensors go, as torch.load takes it.
+        **kwargs: torch.load's other arguments; a `weights_only` among them is ignored.
+
+    Returns:
+        What torch.load returns: for a fairseq checkpoint, its state dict.
+
+    Raises:
+        UnsafeCheckpointError: the checkpoint holds a pickled object outside the allowlist
+            (the message names the file and the object); nothing of it was unpickled.
+    """
     kwargs.pop("weights_only", None)
     try:
         return torch.load(f, map_location=map_location, weights_only=True, **kwargs)

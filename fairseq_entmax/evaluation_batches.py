@@ -23,9 +23,12 @@ _TRAINING_MARK = "_fairseq_entmax_training_batches"
 
 
 def mark_training(dataset):
-    """Mark `dataset` as training data: its batches keep --required-batch-size-multiple. A
-    wrapper dataset (fairseq's BaseWrapperDataset) batches through the dataset it wraps, so
-    that one is marked too."""
+    """Mark a dataset as training data: its batches keep --required-batch-size-multiple.
+
+    Args:
+        dataset: a FairseqDataset. A wrapper dataset (fairseq's BaseWrapperDataset) batches
+            through the dataset it wraps, so that one is marked too, and so on down.
+    """
     from fairseq.data import FairseqDataset
 
     while isinstance(dataset, FairseqDataset) and not getattr(dataset, _TRAINING_MARK, False):

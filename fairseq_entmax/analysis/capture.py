@@ -27,10 +27,15 @@ class AttentionSite:
 
     @property
     def num_heads(self):
+        """The module's number of heads."""
         return self.module.num_heads
 
     def normalizer(self):
-        """Normalizer name; modules that are not ours are softmax."""
+        """The module's normalizer.
+
+        Returns:
+            Its name (one of NORMALIZER_NAMES); "softmax" for modules that are not ours.
+        """
         return getattr(self.module, "normalizer_name", "softmax")
 
     def head_alpha(self):
@@ -85,14 +90,25 @@ def _request_head_weights(module, args, kwargs):
 
 @contextmanager
 def capture_attention(sites, receive):
-    """While active, every forward of a site calls `receive(site, weights)` with its weights
-    `(heads, batch, queries, keys)`.
+    """While active, every forward of a site hands its per-head weights to `receive`.
 
     fairseq's MultiheadAttention hands self-attention without incremental state to PyTorch's
     F.multi_head_attention_forward, which can only return head-averaged weights. Setting
     `skip_embed_dim_check` (an attribute of every fairseq MultiheadAttention, used only to pick
     that path and to skip a dimension assert) sends it down fairseq's own path, which returns the
     weights of each head; the attention computed is the same.
+
+    Args:
+        sites: AttentionSite's, as attention_sites lists them.
+        receive: called as `receive(site, weights)` after every forward of a site, with its
+            weights `(heads, batch, queries, keys)`.
+
+    Yields:
+        Nothing: the capture lasts while the `with` block runs; hooks and flags are removed
+        on exit.
+
+    Raises:
+        RuntimeError: a module returned no per-head weights.
     """
     handles, saved_flags = [], []
 

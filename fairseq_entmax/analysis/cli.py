@@ -15,6 +15,11 @@ from fairseq_entmax.analysis.options import AnalysisOptions
 
 
 def build_parser():
+    """The command line of fairseq-entmax-analyze.
+
+    Returns:
+        An argparse.ArgumentParser.
+    """
     parser = argparse.ArgumentParser(
         prog="fairseq-entmax-analyze",
         description="Run fairseq checkpoints over a subset with teacher forcing and write analysis.json, CSV "

@@ -20,8 +20,13 @@ def head_js_divergence(weights):
 
     JS = H(mean_h p_h) - mean_h H(p_h), with Shannon entropy in base `heads`, so 0 <= JS <= 1
     (0: all heads attend alike; 1: the heads attend to disjoint keys, each one-hot).
-    `weights` is `(heads, ..., keys)`; returns the `...` shape, in float64.
-    A single head has nothing to differ from: its JS is 0.
+
+    Args:
+        weights: attention weights `(heads, ..., keys)`, each row a distribution over keys.
+
+    Returns:
+        The JS divergence per query, a float64 tensor of shape `...` (all 0 for a single head,
+        which has nothing to differ from).
     """
     num_heads = weights.size(0)
     p = weights.double()
@@ -34,14 +39,27 @@ def head_js_divergence(weights):
 
 
 def keys_attended(weights, key_mask):
-    """Number of allowed keys with nonzero weight, per head and query: `(heads, batch, queries)`."""
+    """Number of allowed keys with nonzero weight, per head and query.
+
+    Args:
+        weights: attention weights `(heads, batch, queries, keys)`.
+        key_mask: bool, broadcastable to `(batch, queries, keys)`: the keys each query may attend to.
+
+    Returns:
+        An integer tensor `(heads, batch, queries)`.
+    """
     return ((weights > 0) & key_mask).sum(-1)
 
 
 def offset_weight(weights, offset):
-    """Weight each query puts on the key `offset` positions away (-1: previous, +1: next token).
+    """Weight each query puts on the key `offset` positions away.
 
-    Returns `(heads, batch, queries)`; queries without such a key get 0 (see `offset_valid`).
+    Args:
+        weights: attention weights `(heads, batch, queries, keys)`, query i at key position i.
+        offset: the key's position relative to the query's (-1: previous, +1: next token).
+
+    Returns:
+        A tensor `(heads, batch, queries)`; queries without such a key get 0 (see `offset_valid`).
     """
     num_queries, num_keys = weights.shape[-2:]
     query = torch.arange(num_queries, device=weights.device)
@@ -54,7 +72,16 @@ def offset_weight(weights, offset):
 
 
 def offset_valid(query_mask, key_mask, offset):
-    """Which queries have an allowed key at `offset`: `(batch, queries)` bool."""
+    """Which queries have an allowed key `offset` positions away.
+
+    Args:
+        query_mask: bool `(batch, queries)`: the real queries.
+        key_mask: bool, broadcastable to `(batch, queries, keys)`: the keys each query may attend to.
+        offset: the key's position relative to the query's (-1: previous, +1: next token).
+
+    Returns:
+        A bool tensor `(batch, queries)`, False for padding queries.
+    """
     batch, num_queries = query_mask.shape
     key_mask = key_mask.expand(batch, num_queries, key_mask.size(-1))
     query = torch.arange(num_queries, device=query_mask.device)
@@ -66,11 +93,16 @@ def offset_valid(query_mask, key_mask, offset):
 
 
 def word_ids(tokens, continues):
-    """Index of the word each subword piece belongs to, `(batch, length)`.
+    """Index of the word each subword piece belongs to. A word is a run of continuing pieces
+    plus the piece that ends it.
 
-    `continues` is a bool tensor over the vocabulary: True for pieces that continue into the
-    next one (subword-nmt's trailing '@@'). A word is a run of continuing pieces plus the
-    piece that ends it.
+    Args:
+        tokens: token ids `(batch, length)`.
+        continues: a bool tensor over the vocabulary: True for pieces that continue into the
+            next one (subword-nmt's trailing '@@').
+
+    Returns:
+        An integer tensor `(batch, length)`: the words of a sentence numbered from 1.
     """
     continuing = continues[tokens]
     starts_word = torch.ones_like(continuing)
@@ -79,7 +111,16 @@ def word_ids(tokens, continues):
 
 
 def same_word_other_pieces(tokens, continues, key_mask):
-    """`(batch, queries, keys)` bool: allowed keys that are the other pieces of the query's word."""
+    """The allowed keys that are the other pieces of the query's word (self-attention).
+
+    Args:
+        tokens: token ids `(batch, length)`, both the queries and the keys.
+        continues: a bool tensor over the vocabulary, as `word_ids` takes it.
+        key_mask: bool, broadcastable to `(batch, queries, keys)`: the keys each query may attend to.
+
+    Returns:
+        A bool tensor `(batch, queries, keys)`.
+    """
     ids = word_ids(tokens, continues)
     same = ids[:, :, None] == ids[:, None, :]
     same &= ~torch.eye(tokens.size(1), dtype=torch.bool, device=tokens.device)
@@ -101,8 +142,21 @@ class HeadStatistics:
         self.merge_sum, self.merge_queries = zeros(), 0
 
     def update(self, weights, query_mask, key_mask, tokens=None, continues=None):
-        """Add one batch. `tokens` (and `continues`) are given for self-attention only: they
-        name the keys, so previous/next token and the current word make sense."""
+        """Add one batch to the running sums.
+
+        Args:
+            weights: the module's attention weights `(heads, batch, queries, keys)`.
+            query_mask: bool `(batch, queries)`: the real queries.
+            key_mask: bool, broadcastable to `(batch, queries, keys)`: the keys each query may
+                attend to.
+            tokens: token ids `(batch, length)`, for self-attention only: they name the keys,
+                so that previous/next token and the current word make sense.
+            continues: with tokens, the bool vocabulary tensor of `word_ids`; without it, no
+                BPE-merging statistic is kept.
+
+        Raises:
+            ValueError: `weights` is not of shape `(num_heads, batch, queries, keys)`.
+        """
         if weights.dim() != 4 or weights.size(0) != self.num_heads:
             raise ValueError(
                 f"expected attention weights of shape (heads={self.num_heads}, batch, queries, keys), "
@@ -143,26 +197,50 @@ class HeadStatistics:
         return (total / n).tolist() if n else [None] * len(total)
 
     def density_fraction(self):
-        """Per head: average fraction of allowed keys with nonzero weight."""
+        """Average fraction of allowed keys with nonzero weight, per head.
+
+        Returns:
+            A list of floats, one per head (None each when no query was seen).
+        """
         return self._mean(self.fraction_sum, self.queries)
 
     def density_count(self):
-        """Per head: average number of keys with nonzero weight."""
+        """Average number of keys with nonzero weight, per head.
+
+        Returns:
+            A list of floats, one per head (None each when no query was seen).
+        """
         return self._mean(self.count_sum, self.queries)
 
     def js(self):
-        """Head diversity of the layer, averaged over queries (None if no query was seen)."""
+        """The layer's head diversity (`head_js_divergence`), averaged over queries.
+
+        Returns:
+            A float; None when no query was seen.
+        """
         return self.js_sum / self.queries if self.queries else None
 
     def previous_token(self):
-        """Per head: average weight on the previous token (None where no query had one)."""
+        """Average weight on the previous token, per head.
+
+        Returns:
+            A list of floats, one per head (None each when no query had a previous token).
+        """
         return self._mean(self.previous_sum, self.previous_queries)
 
     def next_token(self):
-        """Per head: average weight on the next token (None where no query had one)."""
+        """Average weight on the next token, per head.
+
+        Returns:
+            A list of floats, one per head (None each when no query had a next token).
+        """
         return self._mean(self.next_sum, self.next_queries)
 
     def bpe_merging(self):
-        """Per head: average mass on the other pieces of the query's word, over queries inside
-        words of two or more pieces (None where there were none)."""
+        """Average weight on the other pieces of the query's word, per head, over queries
+        inside words of two or more pieces.
+
+        Returns:
+            A list of floats, one per head (None each when there were no such queries).
+        """
         return self._mean(self.merge_sum, self.merge_queries)

@@ -76,7 +76,15 @@ def _save(fig, path):
 
 
 def alpha_heatmap(model, output_dir):
-    """One heatmap of alpha (layers x heads) per attention type; None if no head has an alpha."""
+    """One heatmap of alpha (layers x heads) per attention type, in one figure.
+
+    Args:
+        model: one model's entry of analysis.json (report.py's schema, docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of alpha_heatmap_<model>.png, or None when no head has an alpha (top-k).
+    """
     types = [t for t in _types([model]) if any(r["alpha"] is not None for r in model["alpha"] if r["attention"] == t)]
     if not types:
         return None
@@ -135,7 +143,15 @@ def alpha_histogram(models, output_dir):
 
 def alpha_trajectories(model, output_dir):
     """alpha over training per attention type: every head if the log has them, else the mean
-    with the min-max band. None when the model's log has no alpha."""
+    with the min-max band.
+
+    Args:
+        model: one model's entry of analysis.json (report.py's schema, docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of alpha_trajectories_<model>.png, or None when the model's log has no alpha.
+    """
     trajectories = model["alpha_trajectories"]
     types = [t for t in ATTENTION_TYPES if any(tr["attention"] == t for tr in trajectories)]
     if not types:
@@ -196,7 +212,15 @@ def _grouped_bars(ax, models, attention, key, rows_key):
 
 def density_layers(models, output_dir):
     """Per layer: average fraction (top) and number (bottom) of keys with nonzero weight,
-    models side by side."""
+    models side by side.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of density_layers.png.
+    """
     types = _types(models)
     fig, axes = plt.subplots(2, len(types), figsize=(4.5 * len(types), 6.5), squeeze=False, layout="constrained")
     for column, attention in enumerate(types):
@@ -215,7 +239,15 @@ def density_layers(models, output_dir):
 
 
 def density_heads(model, output_dir):
-    """Per head: average fraction of keys with nonzero weight, one heatmap per attention type."""
+    """Per head: average fraction of keys with nonzero weight, one heatmap per attention type.
+
+    Args:
+        model: one model's entry of analysis.json (report.py's schema, docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of density_heads_<model>.png.
+    """
     types = _types([model])
     fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
     for ax, attention in zip(axes[0], types):
@@ -235,7 +267,15 @@ def density_heads(model, output_dir):
 
 
 def js_layers(models, output_dir):
-    """Head diversity (Jensen-Shannon divergence between heads) per layer, models side by side."""
+    """Head diversity (Jensen-Shannon divergence between heads) per layer, models side by side.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of js_layers.png.
+    """
     types = _types(models)
     fig, axes = plt.subplots(1, len(types), figsize=(4.5 * len(types), 3.5), squeeze=False, layout="constrained")
     for ax, attention in zip(axes[0], types):
@@ -250,7 +290,15 @@ def js_layers(models, output_dir):
 
 def specialisation(model, output_dir):
     """Per head of the self-attentions: weight on the previous token, on the next token, and
-    on the other pieces of the current word."""
+    on the other pieces of the current word.
+
+    Args:
+        model: one model's entry of analysis.json (report.py's schema, docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of specialisation_<model>.png, or None when the model has no self-attention.
+    """
     types = [t for t in ("encoder_self", "decoder_self") if t in model["normalizers"]]
     if not types:
         return None
@@ -272,7 +320,19 @@ def specialisation(model, output_dir):
 
 
 def attention_maps(model, maps, output_dir):
-    """Each head's attention for the chosen sentence, one figure per attention type and layer."""
+    """Each head's attention for the chosen sentence, one figure per attention type and layer.
+
+    Args:
+        model: one model's entry of analysis.json (docs/analysis.md).
+        maps: the model's attention maps, as analyse_checkpoint returns them: "sentence_id"
+            (None: no maps), "source_tokens", "target_tokens", and per (attention type, layer)
+            an array of weights (heads, queries, keys).
+        output_dir: where the figures are written.
+
+    Returns:
+        The paths of the attention_map_<model>_<type>_L<layer>.png written (a list, empty
+        without a sentence).
+    """
     if maps.get("sentence_id") is None:
         return []
     tokens = {
@@ -326,8 +386,16 @@ LEARNING_CURVES_FIGSIZE, LEARNING_CURVES_DPI = (8, 3.5), 100  # an 800 x 350 pix
 
 
 def mean_over_runs(runs, metric):
-    """(steps, mean, low, high) of `metric` over the runs (curves of read_validation_curve), at
-    the num_updates every run has a value for; low and high are the min and max over the runs."""
+    """A metric averaged over runs, at the num_updates every run has a value for.
+
+    Args:
+        runs: validation curves, as read_validation_curve returns them.
+        metric: a key of those curves ("loss", "ppl", "accuracy", ...).
+
+    Returns:
+        (steps, mean, low, high): lists, low and high the min and max over the runs; four
+        empty lists when the runs share no step with a value.
+    """
     per_run = [{s: v for s, v in zip(run["num_updates"], run.get(metric) or []) if v is not None} for run in runs]
     steps = sorted(set.intersection(*(set(points) for points in per_run))) if per_run else []
     if not steps:
@@ -337,12 +405,19 @@ def mean_over_runs(runs, metric):
 
 
 def plot_learning_curves(curves, path, metric="ppl"):
-    """Validation learning curves: `curves` maps a label (model or variant) to a list of curves
-    (one per run or seed, as read_validation_curve returns them). Per label, the mean over its
-    runs at the num_updates all of them have, with the min-max band when there are several;
-    `metric` (default perplexity, on a log axis) in the first panel, accuracy in a second one
-    when logged. Writes an 8 x 3.5 inch PNG at 100 dpi to `path` and returns it, or None when no
-    curve has `metric`."""
+    """Validation learning curves. Per label, the mean over its runs at the num_updates all of
+    them have, with the min-max band when there are several; `metric` in the first panel,
+    accuracy in a second one when logged.
+
+    Args:
+        curves: {label (model or variant): list of curves, one per run or seed, as
+            read_validation_curve returns them}.
+        path: the PNG to write (8 x 3.5 inches at 100 dpi).
+        metric: the first panel's metric (default perplexity, on a log axis).
+
+    Returns:
+        `path`, or None (nothing written) when no curve has `metric`.
+    """
     panels = [metric] + (
         ["accuracy"]
         if metric != "accuracy" and any(run.get("accuracy") for runs in curves.values() for run in runs)
@@ -380,8 +455,16 @@ def plot_learning_curves(curves, path, metric="ppl"):
 
 
 def learning_curves(models, output_dir):
-    """learning_curves.png of the models whose training log has validations, the runs of a
-    variant (names that differ only by a -seed<N>/_seed<N> ending) averaged; None if none has."""
+    """Learning curves of the models whose training log has validations, the runs of a variant
+    (names that differ only by a -seed<N>/_seed<N> ending) averaged.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+        output_dir: where the figure is written.
+
+    Returns:
+        The path of learning_curves.png, or None when no model's log has validations.
+    """
     groups = group_by_variant((m["name"], m.get("validation_curve")) for m in models)
     if not groups:
         return None
@@ -393,7 +476,16 @@ def learning_curves(models, output_dir):
 
 
 def write_figures(models, maps_per_model, output_dir):
-    """All figures; returns the paths written."""
+    """All figures of the analysis.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+        maps_per_model: each model's attention maps (see attention_maps), in the same order.
+        output_dir: where the figures are written.
+
+    Returns:
+        The paths written, a list.
+    """
     written = [
         alpha_histogram(models, output_dir),
         density_layers(models, output_dir),

@@ -9,7 +9,15 @@ from fairseq_entmax.names import ATTENTION_TYPES
 
 
 def file_label(name):
-    """A model name made safe for a file name (the figures carry it)."""
+    """A model name made safe for a file name (the figures carry it).
+
+    Args:
+        name: the model's name.
+
+    Returns:
+        The name with every run of other characters than letters, digits, "_", "." and "-"
+        replaced by "_" ("model" if nothing is left).
+    """
     return re.sub(r"[^\w.-]+", "_", name).strip("_") or "model"
 
 
@@ -47,7 +55,14 @@ def _mean(values):
 
 
 def comparison_rows(models):
-    """One row per model and attention type: the headline numbers side by side."""
+    """The headline numbers side by side: comparison.csv's rows.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+
+    Returns:
+        A list of dicts with the keys of COMPARISON_COLUMNS, one per model and attention type.
+    """
     rows = []
     for model in models:
         for attention in ATTENTION_TYPES:
@@ -82,7 +97,16 @@ def _write_csv(path, columns, rows):
 
 
 def write_tables(models, output_dir):
-    """Write the CSV tables (all models in each, first column `model`); returns their paths."""
+    """Write the CSV tables: those of TABLES and comparison.csv, all models in each, first
+    column `model`.
+
+    Args:
+        models: the models' entries of analysis.json (docs/analysis.md).
+        output_dir: where the tables are written.
+
+    Returns:
+        The paths written, a list.
+    """
     output_dir = Path(output_dir)
     written = []
     for filename, (key, columns) in TABLES.items():
@@ -95,6 +119,15 @@ def write_tables(models, output_dir):
 
 
 def write_json(analysis, output_dir):
+    """Write analysis.json.
+
+    Args:
+        analysis: {"models": [...]}, each model's entry as analyse_checkpoint returns it.
+        output_dir: where analysis.json is written.
+
+    Returns:
+        The path of analysis.json.
+    """
     path = Path(output_dir) / "analysis.json"
     path.write_text(json.dumps(analysis, indent=1) + "\n", encoding="utf-8")
     return path

@@ -21,7 +21,22 @@ logger = logging.getLogger(__name__)
 
 
 def load_checkpoint(path, data, user_dir=USER_DIR):
-    """(model, cfg, task) of one checkpoint, with its task reading `data`."""
+    """Load one checkpoint as fairseq-generate does, its task reading `data`.
+
+    Args:
+        path: the checkpoint file.
+        data: the fairseq data-bin its model was trained on.
+        user_dir: the --user-dir to import first (default: this package; None: none).
+
+    Returns:
+        (model, cfg, task): the model (on the CPU, in training mode), the checkpoint's config
+        and its task.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: the file is cut short, or its weights do not fit the model built with
+            `data`'s dictionaries.
+    """
     from fairseq import checkpoint_utils, utils
 
     if not Path(path).is_file():
@@ -86,7 +101,16 @@ def _batch_context(sample, pad, source_continues, target_continues):
 
 
 def model_name(path, taken):
-    """A short label for a checkpoint: its directory (plus file name unless best/last), unique in `taken`."""
+    """A short label for a checkpoint.
+
+    Args:
+        path: the checkpoint file.
+        taken: the labels already given (a container).
+
+    Returns:
+        Its directory's name, plus "/<file name>" unless it is checkpoint_best or
+        checkpoint_last, with "-2", "-3", ... added when that is in `taken`.
+    """
     path = Path(path)
     name = path.parent.name or path.stem
     if path.stem not in ("checkpoint_best", "checkpoint_last"):

@@ -104,7 +104,15 @@ def _collect(records):
 
 
 def read_log_file(path):
-    """Alpha trajectories from a fairseq training log file."""
+    """Alpha trajectories from a fairseq training log file.
+
+    Args:
+        path: the log (fairseq-train's output, simple, tqdm or json format); its train_inner,
+            train and valid lines are read, the first of those that has alpha metrics wins.
+
+    Returns:
+        The trajectories (see the module's docstring), [] when no line has alpha metrics.
+    """
     by_tag = {tag: [] for tag in _TAGS}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
@@ -154,7 +162,18 @@ def read_tensorboard(logdir):
 
 
 def read_trajectories(path):
-    """Alpha trajectories from a log file or a tensorboard log directory ([] if it has none)."""
+    """Alpha trajectories from a log file or a tensorboard log directory.
+
+    Args:
+        path: a fairseq training log file, or a --tensorboard-logdir.
+
+    Returns:
+        The trajectories (see the module's docstring), [] when the log has none (a model
+        without learned alpha logs none).
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"training log {path} does not exist")
@@ -234,14 +253,22 @@ def _read_validation_tensorboard(logdir, subset):
 
 
 def read_validation_curve(path, subset="valid"):
-    """Validation learning curve from a fairseq training log file (simple, tqdm or json format,
-    with or without the logging prefix) or a --tensorboard-logdir (its `subset` run).
+    """Validation learning curve from a fairseq training log.
 
-    Returns {"num_updates": [...], "loss": [...], "nll_loss": [...], "ppl": [...],
-    "accuracy": [...]}, sorted by num_updates, a metric's key present only when the log has it
-    (accuracy needs the criterion's --report-accuracy); a later validation of the same
-    num_updates (a resumed run) replaces the earlier one. {} when the log has no validation of
-    `subset`.
+    Args:
+        path: a fairseq training log file (simple, tqdm or json format, with or without the
+            logging prefix) or a --tensorboard-logdir (its `subset` run is read).
+        subset: the validation subset.
+
+    Returns:
+        {"num_updates": [...], "loss": [...], "nll_loss": [...], "ppl": [...], "accuracy":
+        [...]}, sorted by num_updates, a metric's key present only when the log has it
+        (accuracy needs the criterion's --report-accuracy); a later validation of the same
+        num_updates (a resumed run) replaces the earlier one. {} when the log has no
+        validation of `subset`.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
     """
     path = Path(path)
     if not path.exists():
@@ -254,13 +281,27 @@ _SEED_SUFFIX = re.compile(r"[-_]seed\d+$")
 
 
 def variant_name(name):
-    """A model's name without a trailing -seed<N> or _seed<N>: the runs of one variant share it."""
+    """The variant a model's runs share.
+
+    Args:
+        name: a model's name.
+
+    Returns:
+        The name without a trailing -seed<N> or _seed<N> (the name itself if that leaves nothing).
+    """
     return _SEED_SUFFIX.sub("", name) or name
 
 
 def group_by_variant(named_curves):
-    """[(name, curve), ...] -> {variant_name(name): [curve, ...]}, in order of first appearance;
-    empty curves (no validation logged) are left out."""
+    """The validation curves of several runs, grouped by variant.
+
+    Args:
+        named_curves: (name, curve) pairs, each curve as read_validation_curve returns it.
+
+    Returns:
+        {variant_name(name): [curve, ...]}, variants in order of first appearance; empty
+        curves (no validation logged) are left out.
+    """
     groups = {}
     for name, curve in named_curves:
         if curve and curve.get("num_updates"):
