@@ -10,7 +10,18 @@ from .tools import BIN_DIR, log, run_logged, user_dir
 
 
 def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
-    """The fairseq-entmax-analyze command over the checkpoints (label -> path)."""
+    """The fairseq-entmax-analyze command.
+
+    Args:
+        data_bin: the data-bin the models were trained on.
+        checkpoints: {label: checkpoint path}.
+        subset: the subset to run the models over.
+        out_dir: where the analysis is written.
+        num_sentences: analyse only that many sentences (None: all).
+
+    Returns:
+        The command, a list of str.
+    """
     args = [
         BIN_DIR / "fairseq-entmax-analyze",
         data_bin,
@@ -29,9 +40,24 @@ def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
 
 
 def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None):
-    """Run fairseq-entmax-analyze over the given checkpoints (label -> path); returns
-    label -> {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}} and writes
-    its figures to out_dir. Returns None if the analysis command is not installed."""
+    """Run fairseq-entmax-analyze over the checkpoints (skipped when done with exactly these,
+    unchanged), its figures and tables written to out_dir.
+
+    Args:
+        data_bin: the data-bin the models were trained on.
+        checkpoints: {label: checkpoint path}.
+        subset: the subset to run the models over.
+        out_dir: where the analysis is written.
+        log_path: the command's log, appended to.
+        num_sentences: analyse only that many sentences (None: all).
+
+    Returns:
+        {label: {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}}}, the
+        alpha of types without one left out; None when fairseq-entmax-analyze is not installed.
+
+    Raises:
+        ToolError: the analysis failed.
+    """
     command = BIN_DIR / "fairseq-entmax-analyze"
     if not command.exists():
         log("fairseq-entmax-analyze is not installed: no attention density, alphas or figures")

@@ -7,7 +7,15 @@ from .tools import PipelineError, run_logged, tool
 
 
 def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
-    """Joint BPE on the concatenation of both training sides, as in the paper (subword-nmt)."""
+    """Learn joint BPE on the concatenation of both training sides, as in the paper (subword-nmt).
+
+    Args:
+        train_source: the tokenised training text, source side.
+        train_target: the same, target side.
+        merges: the number of merge operations.
+        codes_path: where the BPE codes are written.
+        log_path: subword-nmt's log, appended to.
+    """
     joint = Path(codes_path).with_suffix(".joint-train.txt")
     with open(joint, "w", encoding="utf-8") as out:
         for path in (train_source, train_target):
@@ -19,6 +27,16 @@ def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
 
 
 def learn_bpe_command(joint_text, merges, codes_path):
+    """The subword-nmt learn-bpe command.
+
+    Args:
+        joint_text: the text to learn from.
+        merges: the number of merge operations.
+        codes_path: where the codes are written.
+
+    Returns:
+        The command, a list of str.
+    """
     return [
         str(a)
         for a in [tool("subword-nmt"), "learn-bpe", "--symbols", merges, "--input", joint_text, "--output", codes_path]
@@ -26,6 +44,17 @@ def learn_bpe_command(joint_text, merges, codes_path):
 
 
 def apply_bpe_command(codes_path, in_path, out_path, workers=1):
+    """The subword-nmt apply-bpe command.
+
+    Args:
+        codes_path: the BPE codes.
+        in_path: the tokenised text.
+        out_path: where its segmentation is written.
+        workers: subword-nmt's processes.
+
+    Returns:
+        The command, a list of str.
+    """
     return [
         str(a)
         for a in [
@@ -44,14 +73,36 @@ def apply_bpe_command(codes_path, in_path, out_path, workers=1):
 
 
 def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
+    """Segment a file with BPE codes (subword-nmt apply-bpe).
+
+    Args:
+        codes_path: the BPE codes.
+        in_path: the tokenised text.
+        out_path: where its segmentation is written.
+        log_path: subword-nmt's log, appended to.
+        workers: subword-nmt's processes.
+    """
     run_logged(apply_bpe_command(codes_path, in_path, out_path, workers), log_path)
 
 
 def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):
-    """Drop training pairs that are empty, longer than max_len tokens, or whose length ratio
-    exceeds max_ratio (None: no ratio rule), as Moses' clean-corpus-n.perl in fairseq's
-    prepare scripts.
-    Returns (kept, dropped)."""
+    """Drop the training pairs that are empty, too long or too unequal in length, as Moses'
+    clean-corpus-n.perl in fairseq's prepare scripts; the files are rewritten in place.
+
+    Args:
+        bpe_dir: the folder of the BPE-segmented corpus (a Path; train.SRC, train.TGT).
+        src: the source language suffix.
+        tgt: the target language suffix.
+        max_len: the most tokens a side may have.
+        max_ratio: the most the longer side may be of the shorter, as a factor (None: no
+            ratio rule).
+
+    Returns:
+        (kept, dropped): numbers of pairs.
+
+    Raises:
+        PipelineError: no pair is left.
+    """
     source_path, target_path = bpe_dir / f"train.{src}", bpe_dir / f"train.{tgt}"
     source_lines = read_lines(source_path)
     target_lines = read_lines(target_path)

@@ -28,9 +28,17 @@ def _num_updates(path):
 
 
 def last_checkpoints(save_dir, n):
-    """The n most recent states of a run: its numbered checkpoints (update-interval ones if
+    """The most recent states of a run: its numbered checkpoints (update-interval ones if
     there are any), plus checkpoint_last.pt when training stopped (at --max-update) after the
-    last numbered one was written, which is the usual case."""
+    last numbered one was written, which is the usual case.
+
+    Args:
+        save_dir: the run's --save-dir.
+        n: how many states.
+
+    Returns:
+        The paths of the last n of those states (fewer if the run has fewer), oldest first.
+    """
     save_dir = Path(save_dir)
     by_update = sorted(save_dir.glob("checkpoint_*_*.pt"), key=_checkpoint_order)
     by_epoch = sorted(
@@ -46,7 +54,16 @@ def last_checkpoints(save_dir, n):
 def average_checkpoints(paths, out_path):
     """Average the model parameters of several checkpoints of one run (fairseq's
     scripts/average_checkpoints.py is not installed by pip). Everything but the parameters
-    (config, optimizer history) is taken from the last checkpoint."""
+    (config, optimizer history) is taken from the last checkpoint.
+
+    Args:
+        paths: the checkpoints, the last one last.
+        out_path: where the averaged checkpoint is written.
+
+    Raises:
+        fairseq_entmax.checkpoint_safety.UnsafeCheckpointError: a checkpoint holds a pickled
+            object outside fairseq's checkpoint types (nothing of it ran).
+    """
     from fairseq import checkpoint_utils
 
     summed, last = None, None
@@ -66,8 +83,17 @@ def average_checkpoints(paths, out_path):
 
 
 def averaged_checkpoint(save_dir, n, label):
-    """checkpoint_avg{n}.pt of a finished run (made once); falls back to checkpoint_last.pt
-    when the run has a single state to average."""
+    """The average of the last states of a finished run (made once).
+
+    Args:
+        save_dir: the run's --save-dir.
+        n: how many states to average (last_checkpoints).
+        label: the run's name in progress lines.
+
+    Returns:
+        The path of checkpoint_avg{n}.pt; checkpoint_last.pt's when the run has a single
+        state to average.
+    """
     save_dir = Path(save_dir)
     out = save_dir / f"checkpoint_avg{n}.pt"
     if out.exists():
@@ -82,9 +108,22 @@ def averaged_checkpoint(save_dir, n, label):
 
 
 def select_checkpoint(save_dir, select, n, label):
-    """The checkpoint of a finished run to evaluate: "last" (checkpoint_last.pt), "best"
-    (checkpoint_best.pt: the best validation metric fairseq saw, see TrainSettings.best_metric)
-    or "average" (the parameters of the last n checkpoints averaged)."""
+    """The checkpoint of a finished run to evaluate.
+
+    Args:
+        save_dir: the run's --save-dir.
+        select: "last" (checkpoint_last.pt), "best" (checkpoint_best.pt: the best validation
+            metric fairseq saw, see TrainSettings.best_metric) or "average" (the parameters
+            of the last n checkpoints averaged).
+        n: with "average", how many checkpoints.
+        label: the run's name in progress lines.
+
+    Returns:
+        The checkpoint's path.
+
+    Raises:
+        PipelineError: `select` is none of the three.
+    """
     save_dir = Path(save_dir)
     if select == "average":
         return averaged_checkpoint(save_dir, n, label)

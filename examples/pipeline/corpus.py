@@ -10,7 +10,14 @@ SPLITS = ("train", "valid", "test")
 
 def read_lines(path):
     """Lines of a text file split on "\n" only (str.splitlines would also split on the
-    Unicode line separators some corpora hold inside sentences, breaking the alignment)."""
+    Unicode line separators some corpora hold inside sentences, breaking the alignment).
+
+    Args:
+        path: a UTF-8 text file.
+
+    Returns:
+        Its lines, without the line ends; a carriage return inside becomes a space.
+    """
     with open(path, encoding="utf-8", newline="\n") as f:
         text = f.read()
     lines = text.split("\n")
@@ -20,19 +27,45 @@ def read_lines(path):
 
 
 def count_lines(path):
+    """The number of lines of a file.
+
+    Args:
+        path: a text file.
+
+    Returns:
+        Its number of lines (a last line without a line end counts).
+    """
     with open(path, "rb") as f:
         return sum(1 for _ in f)
 
 
 def count_nonblank_lines(path):
+    """The number of lines of a file that hold more than white space.
+
+    Args:
+        path: a text file.
+
+    Returns:
+        That number.
+    """
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
 
 
 def check_parallel_corpus(files):
-    """`files` maps split -> (source path, target path). Checks, before any long work, that
-    every file exists, that source and target have the same number of lines and that no
-    split is empty. Returns split -> number of lines."""
+    """Check a parallel corpus before any long work: every file exists, source and target
+    have the same number of lines, no split is empty.
+
+    Args:
+        files: {split: (source path, target path)}.
+
+    Returns:
+        {split: number of lines}.
+
+    Raises:
+        PipelineError: a file is missing, a split's two sides differ in length, or a side is
+            empty; the message says what to fix.
+    """
     missing = [str(p) for pair in files.values() for p in pair if not Path(p).is_file()]
     if missing:
         raise PipelineError(

@@ -12,6 +12,16 @@ from .tools import log, run_logged, tool
 
 
 def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
+    """Binarise a segmented corpus with fairseq-preprocess, into an emptied folder.
+
+    Args:
+        text_dir: the folder of {train,valid,test}.{SRC,TGT}.
+        src: the source language suffix.
+        tgt: the target language suffix.
+        dest_dir: the data-bin to write (emptied first).
+        log_path: fairseq-preprocess's log, appended to.
+        workers: fairseq-preprocess's processes.
+    """
     # fairseq-preprocess refuses a destination that holds a dictionary already, which an
     # interrupted run leaves behind: start from an empty folder.
     shutil.rmtree(dest_dir, ignore_errors=True)
@@ -19,7 +29,18 @@ def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
 
 
 def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
-    """The fairseq-preprocess command: a joined dictionary for joint BPE."""
+    """The fairseq-preprocess command, with a joined dictionary for joint BPE.
+
+    Args:
+        text_dir: the folder of {train,valid,test}.{SRC,TGT}.
+        src: the source language suffix.
+        tgt: the target language suffix.
+        dest_dir: the data-bin to write.
+        workers: fairseq-preprocess's processes.
+
+    Returns:
+        The command, a list of str.
+    """
     return [
         str(a)
         for a in [
@@ -45,7 +66,25 @@ def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
 
 def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1):
     """raw text -> [Moses tokenisation] -> joint BPE [+ cleaning of training pairs] ->
-    fairseq-preprocess, each step skipped when done. Returns (tokenised text dir, data-bin)."""
+    fairseq-preprocess, each step skipped when done with the same settings.
+
+    Args:
+        raw_dir: the folder of the raw corpus, {train,valid,test}.{SRC,TGT}.
+        src: the source language suffix.
+        tgt: the target language suffix.
+        work: the work folder: tok/, bpe/ and data-bin/ are made in it.
+        bpe_merges: the number of joint BPE merges.
+        tokenize: whether to Moses-tokenise first (False: the raw text is tokenised already).
+        clean: (max_len, max_ratio) for clean_training_pair, or None: no cleaning.
+        workers: processes for each tool.
+
+    Returns:
+        (tokenised text folder, data-bin folder): the first is raw_dir when `tokenize` is False.
+
+    Raises:
+        PipelineError: a stage was done with other settings, or cleaning left no pair.
+        ToolError: a tool failed.
+    """
     work = Path(work)
     text_dir = work / "tok" if tokenize else Path(raw_dir)
     # The corpus by its folder, relative to the work dir when inside it (a moved work dir

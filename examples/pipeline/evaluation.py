@@ -12,7 +12,21 @@ from .training import train
 
 
 def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
-    """The fairseq-generate command (a list of strings) that translates `subset` into out_dir."""
+    """The fairseq-generate command that translates a subset.
+
+    Args:
+        data_bin: the data-bin.
+        checkpoint: the model's checkpoint.
+        subset: the subset to translate ("test").
+        out_dir: fairseq's --results-path: generate-<subset>.txt is written there.
+        beam: the beam size.
+        lenpen: the length penalty.
+        max_len: (a, b): at most a * source length + b tokens; None: fairseq's default.
+        cpu: whether to pass --cpu.
+
+    Returns:
+        The command, a list of str.
+    """
     args = [
         tool("fairseq-generate"),
         data_bin,
@@ -44,9 +58,26 @@ def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, 
 
 
 def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label="", max_len=None):
-    """fairseq-generate the subset; returns the hypotheses (BPE removed, still tokenised), in
-    corpus order. max_len=(a, b) caps a translation at a * source length + b tokens (fairseq's
-    default is 200 tokens, which a barely trained model may spend on every sentence)."""
+    """Translate a subset with fairseq-generate (skipped when done with the same checkpoint
+    and settings).
+
+    Args:
+        data_bin: the data-bin.
+        checkpoint: the model's checkpoint.
+        subset: the subset to translate ("test").
+        out_dir: where the translations and the log are written.
+        beam: the beam size.
+        lenpen: the length penalty.
+        label: the model's name in progress lines.
+        max_len: (a, b) caps a translation at a * source length + b tokens (fairseq's default
+            is 200 tokens, which a barely trained model may spend on every sentence).
+
+    Returns:
+        The hypotheses (BPE removed, still tokenised), a list in corpus order.
+
+    Raises:
+        ToolError: fairseq-generate failed or left sentences untranslated.
+    """
     out_dir = Path(out_dir)
     hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
     made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
@@ -73,11 +104,26 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
 
 
 def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True, retokenize=False):
-    """BLEU and chrF with sacrebleu. `bleu_tok`: BLEU on tokenised text, as the paper reports it
-    (multi-bleu.perl): hypotheses_tok against references_tok, or with `retokenize` the
-    detokenised hypotheses against the raw references, both through `scoring_tokenize`.
-    `bleu`/`chrf`: sacreBLEU on detokenised output against the raw references, with their
-    signatures."""
+    """BLEU and chrF with sacrebleu.
+
+    Args:
+        hypotheses_tok: the translations, tokenised (as generate returns them).
+        references_tok: the references, tokenised as the training data was.
+        references_raw: the references as the corpus has them.
+        tgt_lang: the target language (its detokeniser and sacreBLEU tokenizer).
+        tokenized_bleu: whether to compute `bleu_tok` too (False: the hypotheses are not
+            tokenised and are scored as they are).
+        retokenize: compute `bleu_tok` on the detokenised hypotheses against the raw
+            references, both through `scoring_tokenize`, instead of on the tokenised text.
+
+    Returns:
+        {"bleu", "chrf", "bleu_signature", "chrf_signature"}: sacreBLEU on detokenised output
+        against the raw references; with `tokenized_bleu`, also "bleu_tok" (BLEU on tokenised
+        text, as the paper reports it, multi-bleu.perl) and "bleu_tok_signature".
+
+    Raises:
+        ToolError: there are not as many translations as references.
+    """
     from sacrebleu.metrics import BLEU, CHRF
 
     if len(hypotheses_tok) != len(references_tok):
@@ -120,10 +166,34 @@ def train_and_evaluate(
     retokenize=False,
     threads=None,
 ):
-    """Train one variant with one seed (skipped when trained), translate the test set with the
-    checkpoint `select` names (see select_checkpoint; "average" averages the last
-    `average_last`, by default all the checkpoints kept) and score it. Returns a result row
-    (without the attention analysis)."""
+    """Train one variant with one seed (skipped when trained), translate the test set and
+    score it.
+
+    Args:
+        data_bin: the data-bin.
+        work: the work folder (models/ and eval/ go there).
+        variant: the attention variant (training.VARIANTS).
+        seed: the training seed.
+        settings: the TrainSettings.
+        references_tok: the test references, tokenised.
+        references_raw: the test references as the corpus has them.
+        tgt: the target language.
+        label: the model's name in progress lines (default: "<variant>-seed<seed>").
+        select: the checkpoint to translate with (select_checkpoint): "last", "best" or
+            "average".
+        average_last: with "average", how many checkpoints (default: all those kept,
+            settings.keep_last_epochs).
+        beam: the beam size.
+        lenpen: the length penalty.
+        max_len: (a, b) caps a translation at a * source length + b tokens.
+        tokenized_bleu: whether to score tokenized BLEU too (see score).
+        retokenize: see score.
+        threads: CPU threads of fairseq-train (None: torch's choice).
+
+    Returns:
+        A result row: model, seed, selection, checkpoint, hypotheses (their file), the scores
+        of `score` and train_seconds (without the attention analysis).
+    """
     name = f"{variant}-seed{seed}"
     label = label or name
     save_dir = Path(work) / "models" / name

@@ -11,17 +11,39 @@ from .tools import PipelineError
 
 
 def is_done(marker):
+    """Whether a stage is done.
+
+    Args:
+        marker: the stage's `<stage>.done` file.
+
+    Returns:
+        True when the marker exists.
+    """
     return Path(marker).exists()
 
 
 def mark_done(marker, info=None, settings=None):
-    """Write the marker, with what the stage reports (info) and the settings it ran with."""
+    """Mark a stage done.
+
+    Args:
+        marker: the stage's `<stage>.done` file (its folder is made if missing).
+        info: what the stage reports (a JSON-able dict), or None.
+        settings: the settings it ran with (a JSON-able dict), or None.
+    """
     Path(marker).parent.mkdir(parents=True, exist_ok=True)
     record = dict(info or {}, **({"settings": settings} if settings is not None else {}))
     Path(marker).write_text(json.dumps(record) + "\n")
 
 
 def read_done(marker):
+    """What a stage recorded when it finished.
+
+    Args:
+        marker: the stage's `<stage>.done` file.
+
+    Returns:
+        The marker's dict: the stage's info, and its settings under "settings".
+    """
     return json.loads(Path(marker).read_text())
 
 
@@ -31,13 +53,33 @@ def _as_recorded(settings):
 
 
 def done_with_same_settings(marker, settings):
-    """Whether the stage behind `marker` is done with exactly these settings."""
+    """Whether a stage is done with exactly these settings.
+
+    Args:
+        marker: the stage's `<stage>.done` file.
+        settings: the settings this run asks for (a JSON-able dict).
+
+    Returns:
+        True when the marker exists and records these settings.
+    """
     return is_done(marker) and read_done(marker).get("settings") == _as_recorded(settings)
 
 
 def done_with(marker, settings, what):
-    """Whether the stage behind `marker` is done. Done with other settings (a JSON-able dict)
-    raises PipelineError naming what changed: its outputs are not what this run asks for."""
+    """Whether a stage is done, refusing outputs made with other settings.
+
+    Args:
+        marker: the stage's `<stage>.done` file.
+        settings: the settings this run asks for (a JSON-able dict).
+        what: what the stage made, for the message (e.g. "the BPE codes").
+
+    Returns:
+        True when the marker exists (with these settings, or with none recorded).
+
+    Raises:
+        PipelineError: done with other settings; the message names what changed, since the
+            outputs are not what this run asks for.
+    """
     if not is_done(marker):
         return False
     recorded = read_done(marker).get("settings")
@@ -56,6 +98,13 @@ def done_with(marker, settings, what):
 
 
 def fingerprint(path):
-    """Path, size and modification time of a file: what tells a checkpoint from its successor."""
+    """What tells a checkpoint from its successor.
+
+    Args:
+        path: a file.
+
+    Returns:
+        {"path", "size", "modified_ns"}: its path, size and modification time.
+    """
     stat = Path(path).stat()
     return {"path": str(path), "size": stat.st_size, "modified_ns": stat.st_mtime_ns}

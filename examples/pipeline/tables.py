@@ -6,8 +6,17 @@ _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
 
 
 def format_table(rows, bleu_tok=False):
-    """rows: dicts with model, bleu, chrf, [bleu_tok], density, alpha, train_seconds.
-    A Markdown table, readable as plain text too."""
+    """The results table.
+
+    Args:
+        rows: one dict per model, with model, bleu, chrf, bleu_tok (with `bleu_tok`),
+            train_seconds, and from the analysis density ({type: mean fraction}) and alpha
+            ({type: (mean, min, max)}), either of which may be missing.
+        bleu_tok: whether to show the tokenized BLEU column.
+
+    Returns:
+        A Markdown table, readable as plain text too.
+    """
     # Imported here: importing fairseq_entmax imports fairseq (seconds), which the stages
     # that only check what is done do not need.
     from fairseq_entmax.names import ATTENTION_TYPES
@@ -35,6 +44,14 @@ def format_table(rows, bleu_tok=False):
 
 
 def format_seconds(seconds):
+    """A duration as the tables show it.
+
+    Args:
+        seconds: a number of seconds, or None or NaN (unknown).
+
+    Returns:
+        "1m05s", "42s", or "-" when unknown.
+    """
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
         return "-"
     minutes, seconds = divmod(int(round(seconds)), 60)

@@ -44,7 +44,15 @@ def _tokenize_line(line):
 
 def scoring_tokenize(lines, lang):
     """Moses tokenisation for tokenized BLEU: without -a, whose hyphen splitting turns every
-    hyphenated word into three tokens and raises BLEU as compound splitting does."""
+    hyphenated word into three tokens and raises BLEU as compound splitting does.
+
+    Args:
+        lines: sentences, detokenised.
+        lang: their language.
+
+    Returns:
+        The tokenised sentences, a list.
+    """
     from sacremoses import MosesTokenizer
 
     tokenizer = MosesTokenizer(lang=lang)
@@ -52,7 +60,15 @@ def scoring_tokenize(lines, lang):
 
 
 def tokenize_file(in_path, out_path, lang, workers=1):
-    """Moses-tokenise one file with sacremoses (in `workers` processes)."""
+    """Moses-tokenise one file with sacremoses (aggressive dash splitting, as fairseq's
+    prepare scripts; ja/zh split into characters).
+
+    Args:
+        in_path: the raw text, one sentence per line.
+        out_path: where the tokenised text is written.
+        lang: its language.
+        workers: processes.
+    """
     lines = read_lines(in_path)
     if workers > 1:
         with Pool(workers, initializer=_init_tokenizer, initargs=(lang,)) as pool:
@@ -64,7 +80,15 @@ def tokenize_file(in_path, out_path, lang, workers=1):
 
 
 def detokenize_lines(lines, lang):
-    """Undo Moses tokenisation (and the character split of ja/zh) for sacreBLEU."""
+    """Undo Moses tokenisation (and the character split of ja/zh) for sacreBLEU.
+
+    Args:
+        lines: tokenised sentences.
+        lang: their language.
+
+    Returns:
+        The detokenised sentences, a list.
+    """
     from sacremoses import MosesDetokenizer
 
     detokenizer = MosesDetokenizer(lang=lang)

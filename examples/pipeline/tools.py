@@ -21,8 +21,16 @@ class ToolError(RuntimeError):
 
 
 def run_reporting_errors(run, args):
-    """Run a script's stages. A PipelineError becomes its message on stderr and exit status
-    2, a ToolError its message (with the tool's log) and exit status 1."""
+    """Run a script's stages, turning its errors into a message and an exit status.
+
+    Args:
+        run: the script's stages, a function of `args`.
+        args: the parsed command line.
+
+    Returns:
+        The exit status: 0; 2 after a PipelineError, 1 after a ToolError (its message, with the
+        tool's log, on stderr).
+    """
     try:
         run(args)
     except PipelineError as error:
@@ -35,11 +43,26 @@ def run_reporting_errors(run, args):
 
 
 def log(message):
+    """Print a progress line, with the time.
+
+    Args:
+        message: the line.
+    """
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def tool(name):
-    """Path of a console script (fairseq-train, subword-nmt, ...) installed beside this Python."""
+    """Path of a console script (fairseq-train, subword-nmt, ...) installed beside this Python.
+
+    Args:
+        name: the script's name.
+
+    Returns:
+        Its path, a str.
+
+    Raises:
+        PipelineError: it is not installed there.
+    """
     path = BIN_DIR / name
     if not path.exists():
         raise PipelineError(f"{name} not found in {BIN_DIR}: run `make setup` and use .venv/bin/python")
@@ -47,24 +70,42 @@ def tool(name):
 
 
 def user_dir():
-    """The fairseq_entmax package directory, passed to fairseq as --user-dir. Imported here, not
-    at the top: importing fairseq_entmax imports fairseq (seconds), which the stages that only
-    check markers and settings do not need."""
+    """The fairseq_entmax package directory. Imported here, not at the top: importing
+    fairseq_entmax imports fairseq (seconds), which the stages that only check markers and
+    settings do not need.
+
+    Returns:
+        The directory, what fairseq's --user-dir is given.
+    """
     from fairseq_entmax import USER_DIR
 
     return USER_DIR
 
 
 def use_cpu():
-    """Whether fairseq runs on the CPU: no CUDA device is visible."""
+    """Whether fairseq runs on the CPU.
+
+    Returns:
+        True when no CUDA device is visible.
+    """
     import torch
 
     return not torch.cuda.is_available()
 
 
 def run_logged(args, log_path, show=None, env=None):
-    """Run a command, appending all its output to `log_path`; lines for which `show(line)`
-    returns a string are printed as progress. On failure, raise with the log's last lines."""
+    """Run a command, appending all its output to a log file.
+
+    Args:
+        args: the command and its arguments (str() each).
+        log_path: the log file, appended to.
+        show: a function of each output line; a line for which it returns a string prints
+            that string as progress (None: nothing is printed).
+        env: environment variables to set for the command, on top of this process's.
+
+    Raises:
+        ToolError: the command failed; the message holds the log's last lines.
+    """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     args = [str(a) for a in args]

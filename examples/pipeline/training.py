@@ -46,7 +46,18 @@ class TrainSettings:
 
 
 def variant_args(variant, topk):
-    """fairseq-train options (contract 2 of the project) that select one attention variant."""
+    """The fairseq-train options (contract 2 of the project) that select one attention variant.
+
+    Args:
+        variant: one of VARIANTS.
+        topk: k, for "topk".
+
+    Returns:
+        The options, a list.
+
+    Raises:
+        PipelineError: an unknown variant.
+    """
     if variant == "softmax":
         return ["--attention-normalizer", "softmax"]
     if variant == "entmax15":
@@ -114,7 +125,19 @@ def _repair_interrupted_checkpoint_last(save_dir, label):
 
 
 def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
-    """The fairseq-train command (a list of strings) of one variant and seed."""
+    """The fairseq-train command of one variant and seed.
+
+    Args:
+        data_bin: the data-bin.
+        save_dir: fairseq's --save-dir.
+        variant: one of VARIANTS.
+        settings: the TrainSettings.
+        seed: the training seed.
+        cpu: whether to pass --cpu.
+
+    Returns:
+        The command, a list of str.
+    """
     s = settings
     args = [
         tool("fairseq-train"),
@@ -204,7 +227,23 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
 
 def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
     """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
-    Returns the training wall time in seconds, summed over resumed runs."""
+
+    Args:
+        data_bin: the data-bin.
+        save_dir: fairseq's --save-dir (train.log and the markers go there too).
+        variant: one of VARIANTS.
+        settings: the TrainSettings.
+        seed: the training seed.
+        label: the model's name in progress lines (default: `variant`).
+        threads: OMP/MKL threads of fairseq-train (None: torch's choice).
+
+    Returns:
+        The training wall time in seconds, summed over resumed runs.
+
+    Raises:
+        PipelineError: the save_dir holds a run with other settings.
+        ToolError: fairseq-train failed.
+    """
     save_dir = Path(save_dir)
     done, time_file = save_dir / "train.done", save_dir / "train_seconds.txt"
     label = label or variant

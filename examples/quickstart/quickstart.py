@@ -85,37 +85,80 @@ SECONDS_PER_TEST_SENTENCE = 0.08
 
 
 def own_corpus_bpe_merges(n_training_pairs):
-    """Joint BPE merges for a corpus: one per two training pairs, rounded to the thousand, from
-    1000 to 8000 (halves rounded up). Fewer merges than the usual 32k (small corpora do better
-    with small vocabularies: every subword is seen often enough to be learnt); 8000 from 15,000
-    pairs up, as for the reproduction's 19.7k TED pairs."""
+    """Joint BPE merges for a corpus. Fewer than the usual 32k: small corpora do better with
+    small vocabularies, every subword seen often enough to be learnt.
+
+    Args:
+        n_training_pairs: the number of training sentence pairs.
+
+    Returns:
+        One merge per two training pairs, rounded to the thousand (halves up), from 1000 to
+        8000 (8000 from 15,000 pairs up, as for the reproduction's TED sample).
+    """
     merges = 1000 * math.floor(n_training_pairs * MERGES_PER_TRAINING_PAIR / 1000 + 0.5)
     return int(min(MERGES_RANGE[1], max(MERGES_RANGE[0], merges)))
 
 
 def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
-    """Training updates for a corpus: enough batches of max_tokens for 6 passes over the
-    training data (training_tokens: see count_training_tokens), rounded up to the hundred, from
-    300 (a tiny corpus still trains for a while) to 1600 (which bounds the time:
-    docs/recipes.md; raise --max-update for more)."""
+    """Training updates for a corpus.
+
+    Args:
+        training_tokens: what a pass over the training data costs (count_training_tokens).
+        max_tokens: the tokens of a batch.
+
+    Returns:
+        Enough batches of max_tokens for 6 passes over the training data, rounded up to the
+        hundred, from 300 (a tiny corpus still trains for a while) to 1600 (which bounds the
+        time: docs/recipes.md; --max-update gives more).
+    """
     updates = 100 * math.ceil(PASSES_OVER_TRAINING_DATA * training_tokens / max_tokens / 100)
     return int(min(UPDATES_RANGE[1], max(UPDATES_RANGE[0], updates)))
 
 
 def count_training_tokens(bpe_dir, src, tgt):
-    """What a pass over the training data costs in batch tokens: per pair, the longer side in
-    BPE tokens plus its end-of-sentence token (fairseq pads a batch to its longest sentence)."""
+    """What a pass over the training data costs in batch tokens.
+
+    Args:
+        bpe_dir: the folder of the BPE-segmented text (train.SRC, train.TGT).
+        src: the source language suffix.
+        tgt: the target language suffix.
+
+    Returns:
+        The sum over the training pairs of the longer side in BPE tokens plus its
+        end-of-sentence token (fairseq pads a batch to its longest sentence).
+    """
     sources, targets = read_lines(Path(bpe_dir) / f"train.{src}"), read_lines(Path(bpe_dir) / f"train.{tgt}")
     return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
 
 
 def estimated_seconds(max_update, models, n_test):
-    """Training, translation and analysis of these models at the measured rates above."""
+    """The time training, translation and analysis take, at the measured rates above.
+
+    Args:
+        max_update: training updates per model.
+        models: the attention variants (keys of SECONDS_PER_UPDATE).
+        n_test: test sentences, translated and analysed once per model.
+
+    Returns:
+        The estimate in seconds, for all models together.
+    """
     return sum(max_update * SECONDS_PER_UPDATE[m] + n_test * SECONDS_PER_TEST_SENTENCE for m in models)
 
 
 def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max_update_given):
-    """The lines printed before training on a user's corpus: sizes, and the time they take."""
+    """The lines printed before training on a user's corpus: sizes, and the time they take.
+
+    Args:
+        size: the run's sizes (OWN_CORPUS with bpe_merges and max_update filled in).
+        n_training_pairs: the number of training pairs.
+        training_tokens: what a pass over the training data costs (count_training_tokens).
+        models: the attention variants to train.
+        n_test: the number of test sentences.
+        max_update_given: whether --max-update set the updates (the plan says so).
+
+    Returns:
+        Two lines of text: the plan, and the estimate of its time.
+    """
     passes = size["max_update"] * size["max_tokens"] / training_tokens
     how = (
         "--max-update"
@@ -135,6 +178,14 @@ def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max
 
 
 def parse_args(argv=None):
+    """The quickstart's command line.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        An argparse.Namespace; argparse exits with status 2 on a bad command line.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--data",
@@ -184,10 +235,23 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """The quickstart, as `python -m examples.quickstart.quickstart` runs it.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0, or 2 with a message when an input or a stage fails.
+    """
     return run_reporting_errors(run, parse_args(argv))
 
 
 def run(args):
+    """Every stage, then the table, printed and written to the work dir's results.md.
+
+    Args:
+        args: the command line, as parse_args returns it.
+    """
     own_corpus = args.data is not None
     # Sized to the corpus: a user's corpus at full size (the toy pair and --tiny have fixed sizes).
     sized = own_corpus and not args.tiny

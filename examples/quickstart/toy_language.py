@@ -73,6 +73,14 @@ class ToyLanguagePair:
         return source, target
 
     def sentence_pair(self, rng):
+        """One random sentence and its translation.
+
+        Args:
+            rng: a random.Random.
+
+        Returns:
+            (source sentence, target sentence), words separated by spaces.
+        """
         subject, subject_t = self._noun_phrase(rng)
         obj, obj_t = self._noun_phrase(rng)
         verb, verb_t = rng.choice(self.lexicon["verb"])
@@ -89,9 +97,18 @@ class ToyLanguagePair:
 
 
 def write_toy_corpus(directory, n_train=20000, n_valid=500, n_test=500, seed=0):
-    """Write train/valid/test.{svo,sov} into `directory`; returns (directory, src, tgt).
+    """Write the toy corpus: train/valid/test.{svo,sov}. The splits never share a sentence
+    pair, so test BLEU measures generalisation.
 
-    The splits never share a sentence pair, so test BLEU measures generalisation.
+    Args:
+        directory: where the files are written (made if missing).
+        n_train: training pairs.
+        n_valid: validation pairs.
+        n_test: test pairs.
+        seed: the seed of the lexicon and of the sentences.
+
+    Returns:
+        (directory, source language, target language): (a Path, "svo", "sov").
     """
     pair = ToyLanguagePair(seed=seed)
     rng = random.Random(seed + 1)

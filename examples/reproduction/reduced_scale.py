@@ -146,6 +146,14 @@ BUDGETS = {
 
 
 def parse_args(argv=None):
+    """The reproduction's command line.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        An argparse.Namespace, `data` filled in with the budget's corpus when not given.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="converged")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per variant (default: 1 2 3)")
@@ -181,6 +189,14 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """The reproduction, as `python -m examples.reproduction.reduced_scale` runs it.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0, or 2 (1 for a failing tool) with a message.
+    """
     return run_reporting_errors(run, parse_args(argv))
 
 
@@ -190,7 +206,14 @@ def _take_lines(in_path, out_path, n):
 
 
 def budget_settings(budget):
-    """The TrainSettings of a budget (after the command line's overrides)."""
+    """The TrainSettings of a budget.
+
+    Args:
+        budget: an entry of BUDGETS, after the command line's overrides.
+
+    Returns:
+        A TrainSettings.
+    """
     from fairseq_entmax.names import model_size_args  # imports fairseq: only when training
 
     return TrainSettings(
@@ -210,6 +233,11 @@ def budget_settings(budget):
 
 
 def run(args):
+    """Every stage, then the report, printed and written to the work dir's results.md.
+
+    Args:
+        args: the command line, as parse_args returns it.
+    """
     budget = dict(BUDGETS[args.budget])
     for option in ("max_update", "patience", "lr"):
         if getattr(args, option) is not None:
@@ -292,16 +320,30 @@ def _quiet_libraries():
 
 
 def validation_curve(train_log):
-    """The run's validations (num_updates, loss, ppl, accuracy), as fairseq logged them."""
+    """The run's validations, as fairseq logged them.
+
+    Args:
+        train_log: fairseq-train's log file.
+
+    Returns:
+        The curve, as fairseq_entmax.analysis.training_log.read_validation_curve returns it.
+    """
     from fairseq_entmax.analysis.training_log import read_validation_curve
 
     return read_validation_curve(train_log)
 
 
 def training_summary(train_log):
-    """What fairseq's log says of a finished training: updates and epochs run, whether the
-    patience stopped it, and the validation perplexity and accuracy of the best and the last
-    validation (best = highest accuracy, the checkpoint_best.pt fairseq kept)."""
+    """What fairseq's log says of a finished training.
+
+    Args:
+        train_log: fairseq-train's log file.
+
+    Returns:
+        {"stopped_early", "updates", "epochs", "valid_ppl"} (the last validation's), and with
+        a logged accuracy "best_update", "best_valid_accuracy", "best_valid_ppl" (best =
+        highest accuracy, the checkpoint_best.pt fairseq kept); None for what the log lacks.
+    """
     text = Path(train_log).read_text(encoding="utf-8", errors="replace")
     curve = validation_curve(train_log)
     summary = {
@@ -321,9 +363,19 @@ def training_summary(train_log):
 
 
 def paired_bootstrap(rows, work, references_raw, n_samples=1000):
-    """sacreBLEU's paired bootstrap resampling (--paired-bs: 1000 samples, its fixed seed) of
-    each sparse variant against softmax of the same seed, on the detokenised test translations:
-    BLEU and chrF with the p-value of the difference. Returns a list of dicts."""
+    """sacreBLEU's paired bootstrap resampling (--paired-bs, its fixed seed) of each sparse
+    variant against softmax of the same seed, on the detokenised test translations.
+
+    Args:
+        rows: the result rows (train_and_evaluate's), with their hypotheses files.
+        work: the work folder.
+        references_raw: the test references as the corpus has them.
+        n_samples: the bootstrap samples.
+
+    Returns:
+        A list of dicts, one per seed and sparse variant: seed, model, baseline, bleu,
+        bleu_baseline, bleu_p, chrf, chrf_baseline, chrf_p (p: the p-value of the difference).
+    """
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
@@ -358,7 +410,16 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
 
 
 def learning_curves_figure(curves, path):
-    """Validation perplexity and accuracy per update, mean over seeds per variant."""
+    """The learning curves figure: validation perplexity and accuracy per update, mean over
+    seeds per variant.
+
+    Args:
+        curves: {run name ("<variant>-seed<N>"): validation curve}.
+        path: the PNG to write.
+
+    Returns:
+        `path`, or None when no curve has a validation.
+    """
     from fairseq_entmax.analysis.plots import plot_learning_curves
     from fairseq_entmax.analysis.training_log import group_by_variant
 
@@ -376,6 +437,20 @@ def _mean_spread(values, digits=2):
 
 
 def summarize(rows, args, counts, budget, significance, figure):
+    """The report: the table per variant (mean ± spread over seeds), the paired bootstrap, the
+    table per run and the signatures.
+
+    Args:
+        rows: the result rows, with the analysis and the training summary.
+        args: the command line.
+        counts: {split: number of pairs}.
+        budget: the budget run, after overrides.
+        significance: paired_bootstrap's results ([]: none).
+        figure: the learning curves' path, or None.
+
+    Returns:
+        The report, Markdown.
+    """
     by_variant = {}
     for row in rows:
         by_variant.setdefault(row["model"], []).append(row)

@@ -30,7 +30,18 @@ PRETOKENIZED_TASKS = ("kftt",)
 
 
 def download(url, dest):
-    """Fetch url into dest (skipped when dest exists: put files there by hand when offline)."""
+    """Fetch a file (skipped when it exists: put files there by hand when offline).
+
+    Args:
+        url: what to fetch.
+        dest: where to write it (written under a .part name first).
+
+    Returns:
+        `dest`, a Path.
+
+    Raises:
+        PipelineError: the download failed; the message says where to put the file by hand.
+    """
     dest = Path(dest)
     if dest.exists():
         return dest
@@ -124,14 +135,29 @@ def _sacrebleu_set(test_set, src, tgt, out_dir, split):
 def iwslt_training_lines(archive, lang):
     """The sentences of WIT3's train.tags file: it interleaves talk metadata lines (<url>,
     <talkid>, <title>, ...) with them; both sides have the same metadata lines, so dropping
-    them keeps the alignment."""
+    them keeps the alignment.
+
+    Args:
+        archive: WIT3's de-en.tgz.
+        lang: "de" or "en".
+
+    Returns:
+        The sentences, a list.
+    """
     lines = _member_lines(archive, f"train.tags.de-en.{lang}")
     return [line for line in lines if not line.lstrip().startswith("<")]
 
 
 def prepare_iwslt17(downloads, out_dir, src, tgt):
     """train: WIT3 2017-01-trnted de-en.tgz train.tags (metadata lines dropped); valid: dev2010;
-    test: tst2015 (both through sacreBLEU, which reads the xml files of the same archive)."""
+    test: tst2015 (both through sacreBLEU, which reads the xml files of the same archive).
+
+    Args:
+        downloads: the folder of the downloaded archives.
+        out_dir: where {train,valid,test}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
+    """
     downloads = Path(downloads)
     for lang in ("de", "en"):
         _write(out_dir, "train", lang, iwslt_training_lines(downloads / "de-en.tgz", lang))
@@ -170,6 +196,15 @@ def prepare_kftt(downloads, out_dir, src, tgt):
     Not confirmed: which tokenizer produced the English side, and the exact rule that made
     kyoto-train.cln from kyoto-train (a sentence-length limit, by the sizes ~330k of ~440k
     pairs; the limit itself is unverified).
+
+    Args:
+        downloads: the folder of the downloaded archives.
+        out_dir: where {train,valid,test}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
+
+    Raises:
+        PipelineError: the archive's untokenised and tokenised test sets differ in length.
     """
     archive = Path(downloads) / "kftt-data-1.0.tar.gz"
     for split, name in (("train", "train.cln"), ("valid", "dev"), ("test", "test")):
@@ -221,7 +256,14 @@ def _punct_normalizer(lang):
 def remove_non_printing(line):
     """Moses' remove-non-printing-char.perl: every character of Unicode category C (control,
     format such as zero-width space or byte-order mark, private use, unassigned) becomes a
-    space; runs of spaces are then squeezed."""
+    space; runs of spaces are then squeezed.
+
+    Args:
+        line: a sentence.
+
+    Returns:
+        The sentence, stripped.
+    """
     line = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in line)
     return _SPACES.sub(" ", line).strip()
 
@@ -234,13 +276,27 @@ def normalize_romanian(line):
     (normalise-romanian.py), then the diacritics removed (remove-diacritics.py): ș ş -> s,
     ț ţ -> t, ă â -> a, î -> i, and the capitals likewise. Moses tokenisation comes later, in
     the recipe. Letters written as a base letter plus a combining mark are left as they are, as
-    those scripts leave them."""
+    those scripts leave them.
+
+    Args:
+        line: a Romanian sentence.
+
+    Returns:
+        The normalised sentence.
+    """
     line = remove_non_printing(_punct_normalizer("ro").normalize(line))
     return line.translate(_CEDILLA_TO_COMMA).translate(_ROMANIAN_DIACRITICS)
 
 
 def normalize_english(line):
-    """The English side of that preparation: Moses punctuation normalisation only."""
+    """The English side of that preparation: Moses punctuation normalisation only.
+
+    Args:
+        line: an English sentence.
+
+    Returns:
+        The normalised sentence.
+    """
     return _punct_normalizer("en").normalize(line)
 
 
@@ -259,6 +315,12 @@ def prepare_wmt16_ro_en(downloads, out_dir, src, tgt):
     is measured against a diacritic-free reference, as in those systems (and not comparable
     with scores against the official references with diacritics); BLEU into English is measured
     against the punctuation-normalised English reference (straight quotes for curly ones).
+
+    Args:
+        downloads: the folder of the downloaded archives.
+        out_dir: where {train,valid,test}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
     """
     downloads = Path(downloads)
     for lang in ("ro", "en"):
@@ -283,7 +345,14 @@ TEXT_NORMALIZERS = {"wmt16": _WMT16_NORMALIZERS}
 
 def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
     """train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs), in that order;
-    valid: newstest2013; test: newstest2014 (full), both through sacreBLEU."""
+    valid: newstest2013; test: newstest2014 (full), both through sacreBLEU.
+
+    Args:
+        downloads: the folder of the downloaded archives.
+        out_dir: where {train,valid,test}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
+    """
     downloads = Path(downloads)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     for lang in ("en", "de"):
@@ -303,8 +372,20 @@ def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
 
 
 def write_smoke_data(task, shared_data, src, tgt, out_dir):
-    """Copy the smoke mode's line ranges of the shared real text into out_dir: `task.smoke.splits`
-    maps split -> (file stem relative to shared_data, first line, end line), files f"{stem}.{lang}"."""
+    """Copy the smoke mode's line ranges of the shared real text, normalised as the task's full
+    data is.
+
+    Args:
+        task: the Task; `task.smoke.splits` maps split -> (file stem relative to shared_data,
+            first line, end line), the files being f"{stem}.{lang}".
+        shared_data: the folder of the shared corpora (../shared/data).
+        src: the source language.
+        tgt: the target language.
+        out_dir: where {train,valid,test}.{SRC,TGT} are written.
+
+    Raises:
+        PipelineError: a file of the shared data is missing.
+    """
     for split, (stem, start, stop) in task.smoke.splits.items():
         for lang in (src, tgt):
             path = Path(shared_data) / f"{stem}.{lang}"

@@ -58,6 +58,15 @@ DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def parse_args(argv=None):
+    """The recipe's command line.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        An argparse.Namespace with src and tgt filled in (the paper's direction by default);
+        argparse exits with status 2 on a bad command line.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=sorted(TASKS), help="the paper's task")
     parser.add_argument("--src", help="source language (default: the paper's direction)")
@@ -148,13 +157,31 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    """The recipe, as `python -m examples.translation.recipe` runs it.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0, or 2 (1 for a failing tool) with a message.
+    """
     return run_reporting_errors(run, parse_args(argv))
 
 
 def devices(args):
-    """(number of GPUs to train on, whether to train on the CPU). The full recipe trains
-    Transformer base for 100k+ updates: on a CPU that is weeks, so without CUDA it stops before
-    any download unless --cpu insists. --smoke is made for the CPU."""
+    """Where to train. The full recipe trains Transformer base for 100k+ updates: on a CPU that
+    is weeks, so without CUDA it stops before any download unless --cpu insists. --smoke is made
+    for the CPU.
+
+    Args:
+        args: the command line.
+
+    Returns:
+        (number of GPUs to train on, whether to train on the CPU).
+
+    Raises:
+        PipelineError: no CUDA device, for a full run without --cpu.
+    """
     if args.dry_run:
         return args.num_gpus or 1, False
     import torch
@@ -173,7 +200,18 @@ def devices(args):
 
 def experiment_settings(args, num_gpus):
     """The TrainSettings of this run: the task's table (or the smoke mode's), batch shaped for
-    the paper's 8192 tokens per update on num_gpus devices, with the command line's overrides."""
+    the paper's 8192 tokens per update on num_gpus devices, with the command line's overrides.
+
+    Args:
+        args: the command line.
+        num_gpus: the devices to train on.
+
+    Returns:
+        A TrainSettings.
+
+    Raises:
+        PipelineError: --max-tokens and --update-freq cannot make 8192 tokens per update.
+    """
     if args.smoke:
         settings = SMOKE_TRAIN
         for option in ("max_update", "max_tokens", "update_freq"):
@@ -212,13 +250,28 @@ class Layout:
         self.analysis = self.work / f"analysis-seed{args.seed}"
 
     def save_dir(self, variant, seed):
+        """Where one model's checkpoints and log go.
+
+        Args:
+            variant: the attention variant.
+            seed: the training seed.
+
+        Returns:
+            The folder of that model's checkpoints and log.
+        """
         return self.work / "models" / f"{variant}-seed{seed}"
 
 
 def dry_run(args, settings, num_gpus):
     """Print every command of the recipe, in order, as a shell would run them. Stages done in
     Python (downloading, extracting, tokenising, cleaning, averaging, scoring) are comment lines
-    naming the function that does them."""
+    naming the function that does them.
+
+    Args:
+        args: the command line.
+        settings: the TrainSettings (experiment_settings).
+        num_gpus: the devices to train on.
+    """
     layout, task = Layout(args), TASKS[args.task]
     src, tgt, work = args.src, args.tgt, layout.work
     bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
@@ -314,6 +367,12 @@ def _analysis_sentences(args):
 
 
 def run(args):
+    """Every stage (or, with --dry-run, their commands), then the table, printed and written to
+    the work dir.
+
+    Args:
+        args: the command line, as parse_args returns it.
+    """
     num_gpus, cpu = devices(args)
     settings = experiment_settings(args, num_gpus)
     if args.dry_run:

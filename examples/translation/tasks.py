@@ -142,7 +142,16 @@ TOKENIZED_BLEU_NOTES = {
 
 
 def tokenized_bleu_note(task_name, retokenized):
-    """How tokenized BLEU was computed for this task, for the results and the docs."""
+    """How tokenized BLEU was computed for a task, for the results and the docs.
+
+    Args:
+        task_name: a key of TASKS.
+        retokenized: whether the recipe tokenised the text itself (False: the official
+            tokenised text).
+
+    Returns:
+        A sentence.
+    """
     note = TOKENIZED_BLEU_MOSES if retokenized else TOKENIZED_BLEU_OFFICIAL
     return note + (f" ({TOKENIZED_BLEU_NOTES[task_name]})" if task_name in TOKENIZED_BLEU_NOTES else "")
 
@@ -171,7 +180,16 @@ class Task:
 
 
 def train_settings(task_name, max_tokens, update_freq):
-    """The TrainSettings of a full run of one task, from the tables above."""
+    """The TrainSettings of a full run of one task, from the tables above.
+
+    Args:
+        task_name: a key of TASKS.
+        max_tokens: tokens per GPU and batch (batch_shape).
+        update_freq: batches accumulated per update (batch_shape).
+
+    Returns:
+        A TrainSettings.
+    """
     every = VALIDATE_EVERY[task_name]
     return TrainSettings(
         **{key: s.value for key, s in RECIPE.items()},
@@ -186,9 +204,20 @@ def train_settings(task_name, max_tokens, update_freq):
 
 
 def batch_shape(num_gpus, max_tokens=None, update_freq=None):
-    """(max_tokens per GPU, update_freq) giving exactly the paper's 8192 tokens per update on
-    num_gpus devices. Without either option, 8192 / num_gpus tokens per device and no
-    accumulation; a combination that cannot make 8192 raises PipelineError saying which would."""
+    """The batch that gives exactly the paper's 8192 tokens per update.
+
+    Args:
+        num_gpus: the devices to train on.
+        max_tokens: --max-tokens, or None: chosen.
+        update_freq: --update-freq, or None: chosen (1 when both are None).
+
+    Returns:
+        (max_tokens per GPU, update_freq).
+
+    Raises:
+        PipelineError: num_gpus < 1, or the combination cannot make 8192; the message says
+            which would.
+    """
     total = TOKENS_PER_UPDATE.value
     if num_gpus < 1:
         raise PipelineError(f"--num-gpus must be at least 1, not {num_gpus}")
@@ -219,7 +248,11 @@ def _cell(value):
 
 
 def settings_table():
-    """The recipes' settings as a Markdown table: setting, value, source."""
+    """The recipes' settings, for docs/recipes.md.
+
+    Returns:
+        A Markdown table: setting, value, source.
+    """
     rows = [("tokens per update", _cell(TOKENS_PER_UPDATE.value), TOKENS_PER_UPDATE.source)]
     rows += [(key, _cell(s.value), s.source) for key, s in RECIPE.items()]
     rows.append(
@@ -245,6 +278,11 @@ def settings_table():
 
 
 def departures_table():
+    """Where the recipes depart from the paper, for docs/recipes.md.
+
+    Returns:
+        A Markdown table: departure, why.
+    """
     lines = ["| departure | why |", "|---|---|"]
     lines += [f"| {what} | {why} |" for what, why in DEPARTURES]
     return "\n".join(lines)
