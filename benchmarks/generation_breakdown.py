@@ -29,7 +29,19 @@ from fairseq_entmax.names import ATTENTION_TYPES
 
 
 def measure(data_bin, checkpoint, length, device):
-    """Run fairseq-generate here with the normalizers timed; return the figures as a dict."""
+    """Run fairseq-generate in this process with every normalizer call timed.
+
+    Args:
+        data_bin: the data-bin, with a test split.
+        checkpoint: the model's checkpoint.
+        length: the output length every hypothesis is forced to.
+        device: "cpu" or "cuda".
+
+    Returns:
+        {"checkpoint", "normalizers" (their names), "wall_s" (fairseq-generate's wall time),
+        "normalize_s" (the normalizers' total), "ms_per_call" ({attention type: mean ms, or
+        None})}.
+    """
     from fairseq_cli import generate
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -81,6 +93,7 @@ def measure(data_bin, checkpoint, length, device):
 
 
 def main():
+    """The benchmark's command line (see the top); prints the results table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data_bin", type=Path, help="binarized data with a test split")
     parser.add_argument(

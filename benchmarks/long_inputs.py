@@ -88,6 +88,11 @@ SETTINGS = {
 
 
 def rss_kib():
+    """This process's resident set size.
+
+    Returns:
+        VmRSS, KiB.
+    """
     with open("/proc/self/status") as f:
         return int(re.search(r"^VmRSS:\s+(\d+)", f.read(), flags=re.M).group(1))
 
@@ -103,7 +108,16 @@ def cpu_allocator_follows_tensors():
 
 
 def layer_step(normalizer, device, setting):
-    """A function running one forward+backward of the layer."""
+    """One encoder self-attention layer and its inputs, ready to step.
+
+    Args:
+        normalizer: the --attention-normalizer, or None: fairseq's own attention.
+        device: a torch.device.
+        setting: an entry of SETTINGS.
+
+    Returns:
+        A function of no arguments running one forward+backward of the layer.
+    """
     import torch
     from fairseq.modules import MultiheadAttention
 
@@ -131,7 +145,16 @@ def layer_step(normalizer, device, setting):
 
 
 def model_step(normalizer, device, setting):
-    """A function running one forward+backward of the small model."""
+    """The small model and a random batch, ready to step.
+
+    Args:
+        normalizer: the --attention-normalizer, or None: fairseq's own attention.
+        device: a torch.device.
+        setting: an entry of SETTINGS.
+
+    Returns:
+        A function of no arguments running one forward+backward of the model.
+    """
     from types import SimpleNamespace
 
     import torch
@@ -181,7 +204,15 @@ def model_step(normalizer, device, setting):
 
 
 def worker(setting_name, normalizer, device_name, threads):
-    """Measure one (setting, normalizer) in this process; print a JSON line."""
+    """Measure one (setting, normalizer) in this process; print a JSON line with peak_mib and
+    process_mib (None on a GPU).
+
+    Args:
+        setting_name: a key of SETTINGS.
+        normalizer: the --attention-normalizer, or None: fairseq's own attention.
+        device_name: "cpu" or "cuda".
+        threads: torch's threads (None: torch's choice).
+    """
     device_is_cuda = device_name == "cuda"
     if not device_is_cuda:
         cpu_allocator_follows_tensors()
@@ -208,6 +239,17 @@ def worker(setting_name, normalizer, device_name, threads):
 
 
 def measure(setting_name, normalizer, args):
+    """Measure one (setting, normalizer) in a fresh process (worker), so that no measurement
+    sees another's memory.
+
+    Args:
+        setting_name: a key of SETTINGS.
+        normalizer: the --attention-normalizer, or None: fairseq's own attention.
+        args: the command line (device, threads).
+
+    Returns:
+        The worker's {"peak_mib", "process_mib"}.
+    """
     command = [sys.executable, __file__, "--worker", setting_name, normalizer or "fairseq", "--device", args.device]
     if args.threads:
         command += ["--threads", str(args.threads)]
@@ -218,6 +260,14 @@ def measure(setting_name, normalizer, args):
 
 
 def machine(device):
+    """The machine, for the results.
+
+    Args:
+        device: "cpu" or "cuda".
+
+    Returns:
+        The CPU, its logical CPUs, torch's version and threads, and the GPU on cuda, a str.
+    """
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
         names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
@@ -231,6 +281,15 @@ def machine(device):
 
 
 def table(results, device):
+    """One setting's results table.
+
+    Args:
+        results: {row label of ROWS: {"peak_mib", "process_mib"}}.
+        device: "cpu" or "cuda" (the process column is the CPU's only).
+
+    Returns:
+        A Markdown table.
+    """
     cpu = device == "cpu"
     lines = [
         "| attention | peak MiB | / fairseq's | / softmax |" + (" process MiB |" if cpu else ""),
@@ -247,6 +306,7 @@ def table(results, device):
 
 
 def main():
+    """The benchmark's command line (see the top); prints the results tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))

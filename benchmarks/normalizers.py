@@ -45,12 +45,29 @@ TOPK = 8
 
 
 def learned_alpha(logits, batch_heads):
-    """alpha = 1 + sigmoid(a), one per head, as a (batch * heads, 1, 1) tensor."""
+    """The learned alpha of attention, one per head, for each row of a batch of heads.
+
+    Args:
+        logits: one logit a per head, (HEADS,).
+        batch_heads: the scores' first dimension, batch * HEADS.
+
+    Returns:
+        alpha = 1 + sigmoid(a), a (batch_heads, 1, 1) tensor.
+    """
     alpha = 1.0 + torch.sigmoid(logits)
     return alpha.repeat(batch_heads // HEADS).view(batch_heads, 1, 1)
 
 
 def torch_softmax(x, alpha_logits):
+    """The baseline, torch.softmax over the last dimension (alpha_logits is ignored).
+
+    Args:
+        x: the scores.
+        alpha_logits: unused; every method takes it.
+
+    Returns:
+        The probabilities.
+    """
     return torch.softmax(x, -1)
 
 
@@ -74,9 +91,16 @@ PATHS = {
 
 @functools.cache
 def methods(path="early-exit"):
-    """(name, ours, package counterpart or None); each fn(scores, alpha_logits) -> probs, ours
-    on `path` (a key of PATHS). torch.softmax is one function, timed once, in both of its
-    places. Cached: a compiled function is compiled once."""
+    """The methods measured. torch.softmax is one function, timed once, in both of its places.
+    Cached: a compiled function is compiled once.
+
+    Args:
+        path: which of our paths (a key of PATHS).
+
+    Returns:
+        A list of (name, ours, package counterpart or None), each function
+        fn(scores, alpha_logits) -> probabilities.
+    """
     pkg = entmax_package
     ours = PATHS[path]
     return [
@@ -95,17 +119,42 @@ def methods(path="early-exit"):
 
 
 def forward_backward(fn, scores, alpha_logits, upstream):
+    """One forward and backward of a method, the previous gradients cleared first.
+
+    Args:
+        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
+        scores: the scores, requiring grad.
+        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
+        upstream: the gradient of the output.
+    """
     scores.grad = None
     alpha_logits.grad = None
     fn(scores, alpha_logits).backward(upstream)
 
 
 def synchronize(device):
+    """Wait for the GPU's queued work (nothing on the CPU).
+
+    Args:
+        device: a torch.device.
+    """
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 def time_once(fn, scores, alpha_logits, upstream, device):
+    """Time one forward and backward.
+
+    Args:
+        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
+        scores: the scores, requiring grad.
+        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
+        upstream: the gradient of the output.
+        device: the torch.device they are on.
+
+    Returns:
+        The wall time in seconds.
+    """
     synchronize(device)
     start = time.perf_counter()
     forward_backward(fn, scores, alpha_logits, upstream)
@@ -124,9 +173,12 @@ def _rss_kib(field):
 def cpu_memory_setup():
     """Make the resident set size follow live tensors: glibc serves every block over
     64 KiB by mmap and returns it on free (it would otherwise keep freed heap pages).
-    Returns a function that hands the free heap memory already held back to the system,
-    which the settings alone do not (memory freed after the timing phase would otherwise
-    be reused unseen)."""
+    The settings alone do not hand back the free heap memory already held (memory freed after
+    the timing phase would otherwise be reused unseen), hence the function returned.
+
+    Returns:
+        A function of no arguments that hands the free heap memory back to the system.
+    """
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6")
@@ -142,7 +194,18 @@ def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=
 
     CUDA: torch.cuda.max_memory_allocated. CPU: the peak resident set size (VmHWM, reset
     through /proc/self/clear_refs) minus the resident size before the call, after the free
-    heap memory is handed back (release_free_memory, from cpu_memory_setup).
+    heap memory is handed back.
+
+    Args:
+        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
+        scores: the scores, requiring grad.
+        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
+        upstream: the gradient of the output.
+        device: the torch.device they are on.
+        release_free_memory: on the CPU, the function cpu_memory_setup returns.
+
+    Returns:
+        The peak, in bytes.
     """
     # The gradient of the previous call is freed first, so the new one is counted.
     scores.grad = None
@@ -163,7 +226,15 @@ def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=
 
 
 def shape_inputs(shape, device):
-    """The scores, alpha logits and upstream gradient of a shape (the same on every call)."""
+    """The inputs of a shape, the same on every call.
+
+    Args:
+        shape: (batch * heads, queries, keys).
+        device: where they are made.
+
+    Returns:
+        (scores, alpha_logits, upstream): random normal, the first two requiring grad.
+    """
     torch.manual_seed(0)
     scores = torch.randn(*shape, device=device).requires_grad_()
     upstream = torch.randn(*shape, device=device)
@@ -172,8 +243,16 @@ def shape_inputs(shape, device):
 
 
 def method_entries(path):
-    """(name, "ours" or "package", fn) for every function to measure, each function once,
-    and {(name, which): key of the entry it is measured under} for every place."""
+    """Every function to measure, each once, and where each result goes.
+
+    Args:
+        path: which of our paths (a key of PATHS).
+
+    Returns:
+        (entries, place_of): entries, a list of (name, "ours" or "package", fn), each
+        function once; place_of, {(name, which): the (name, which) of the entry it is measured
+        under}, for every place of the table.
+    """
     entries, place_of, seen = [], {}, {}
     for name, ours, package in methods(path):
         for which, fn in (("ours", ours), ("package", package)):
@@ -188,9 +267,19 @@ def method_entries(path):
 
 def time_shape(shape, rounds, device, path):
     """Median forward+backward milliseconds per method, and our max abs difference to the
-    package per map. Each round times every method once, in an order shuffled per round, so
-    that what one method leaves behind (caches, allocator state) does not always fall on
-    the same next one."""
+    package. Each round times every method once, in an order shuffled per round, so that what
+    one method leaves behind (caches, allocator state) does not always fall on the same next one.
+
+    Args:
+        shape: (batch * heads, queries, keys).
+        rounds: timed rounds.
+        device: a torch.device.
+        path: which of our paths (a key of PATHS).
+
+    Returns:
+        (medians, differences): {(name, "ours" or "package"): median milliseconds}, and
+        {name: max abs difference of our output to the package's}.
+    """
     scores, alpha_logits, upstream = shape_inputs(shape, device)
     entries, place_of = method_entries(path)
     for _, _, fn in entries:  # warm-up
@@ -211,7 +300,17 @@ def time_shape(shape, rounds, device, path):
 
 
 def memory_shape(shape, device, release_free_memory, path):
-    """Peak MiB of one forward+backward per method."""
+    """Peak memory of one forward+backward per method.
+
+    Args:
+        shape: (batch * heads, queries, keys).
+        device: a torch.device.
+        release_free_memory: on the CPU, the function cpu_memory_setup returns.
+        path: which of our paths (a key of PATHS).
+
+    Returns:
+        {(name, "ours" or "package"): peak MiB}.
+    """
     scores, alpha_logits, upstream = shape_inputs(shape, device)
     entries, place_of = method_entries(path)
     measured = {}
@@ -222,6 +321,15 @@ def memory_shape(shape, device, release_free_memory, path):
 
 
 def machine_description(device):
+    """The machine, for the results.
+
+    Args:
+        device: the torch.device measured.
+
+    Returns:
+        The CPU, its logical CPUs, torch's version and threads, the GPU and the entmax
+        package's version where they apply, a str.
+    """
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -240,6 +348,16 @@ def machine_description(device):
 
 
 def format_table(results, measure_memory):
+    """The results table.
+
+    Args:
+        results: {shape: (medians, memory, differences)}, as time_shape and memory_shape
+            return them.
+        measure_memory: whether to show the memory columns.
+
+    Returns:
+        A Markdown table.
+    """
     header = (
         "| shape (b*h, q, k) | normalizer | ours ms | package ms | ours/package | ours/softmax |"
         + (" ours MiB | package MiB | softmax MiB |" if measure_memory else "")
@@ -281,6 +399,7 @@ def format_table(results, measure_memory):
 
 
 def main():
+    """The benchmark's command line (see the top); prints the results table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")

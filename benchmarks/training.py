@@ -92,7 +92,15 @@ SETTINGS = {
 
 
 def run(args, log):
-    """Run a fairseq command; return (stdout+stderr, peak RSS in MiB of that process)."""
+    """Run a fairseq command; exit with its log's end if it fails.
+
+    Args:
+        args: the command and its arguments.
+        log: the file its output goes to.
+
+    Returns:
+        (its output, stdout and stderr together; the peak resident memory of that process, MiB).
+    """
     with open(log, "w") as out:
         proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
@@ -103,8 +111,19 @@ def run(args, log):
 
 
 def make_data(data_dir, work, join_lines, n_lines, n_gen):
-    """Binarize n_lines of the corpus (joined join_lines at a time) for training, n_gen for
-    generation ("test") and the GEN_BATCH of those with the shortest sources ("valid")."""
+    """Binarize the benchmark's data with fairseq-preprocess.
+
+    Args:
+        data_dir: the folder of train.de and train.en.
+        work: the work folder (raw/ and bin/ are written there).
+        join_lines: corpus lines joined into one sentence (long inputs).
+        n_lines: corpus lines for training.
+        n_gen: sentences (after joining) for generation ("test"); the GEN_BATCH of those with
+            the shortest sources are "valid", the test run's first batch.
+
+    Returns:
+        The data-bin's path.
+    """
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     joined = {}
@@ -147,6 +166,20 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
 
 
 def train(data_bin, save_dir, model_args, setting, device_args, updates):
+    """Train one model with fairseq-train, validation off.
+
+    Args:
+        data_bin: the data-bin.
+        save_dir: fairseq's --save-dir (its log is written beside it).
+        model_args: the architecture and attention options of the model.
+        setting: an entry of SETTINGS (size, max_tokens).
+        device_args: ["--cpu"] or [].
+        updates: training updates.
+
+    Returns:
+        (target words/s, the mean of fairseq's wps without the first log interval; peak
+        resident memory of the process, MiB).
+    """
     log_path = save_dir.parent / f"{save_dir.name}.train.log"
     text, peak_mib = run(
         [
@@ -203,7 +236,17 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
 
 
 def generate(data_bin, save_dir, setting, device_args):
-    """Steady sentences/s: the test sentences against their first batch (see the top)."""
+    """Steady generation speed: the test sentences against their first batch (see the top).
+
+    Args:
+        data_bin: the data-bin (make_data's).
+        save_dir: the trained model's --save-dir (checkpoint_last.pt is used).
+        setting: an entry of SETTINGS (gen_len: the forced output length).
+        device_args: ["--cpu"] or [].
+
+    Returns:
+        Sentences per second.
+    """
     n = setting["gen_len"]
     done = {}
     for subset in ("test", "valid"):
@@ -238,6 +281,11 @@ def generate(data_bin, save_dir, setting, device_args):
 
 
 def machine():
+    """The machine, for the results.
+
+    Returns:
+        The CPU's name, its cores and torch's version, a str.
+    """
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
         names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
@@ -246,6 +294,7 @@ def machine():
 
 
 def main():
+    """The benchmark's command line (see the top); prints the results table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
