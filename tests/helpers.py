@@ -6,11 +6,12 @@ same virtual environment as pytest, with `--user-dir` pointing at the package, a
 
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from fairseq_entmax import USER_DIR  # noqa: F401 (the tests import it from here)
+from fairseq_entmax import USER_DIR  # the tests import it from here too
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -42,6 +43,39 @@ def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
             f"--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
         )
     return proc
+
+
+def run_on_model(command, model, *arguments, **run_options):
+    """Run a fairseq command that loads a trained model, as a user types it.
+
+    Args:
+        command: the console script, e.g. "fairseq-generate", "fairseq-interactive".
+        model: what conftest's `trained_model` returns (its data_bin and checkpoint are used).
+        *arguments: the command's other arguments, after `DATA-BIN --user-dir ... --path ...`.
+        **run_options: passed to run (input, check, ...).
+
+    Returns:
+        The finished process (subprocess.CompletedProcess), as run returns it.
+    """
+    return run(
+        [fairseq_command(command), model.data_bin, "--user-dir", USER_DIR, "--path", model.checkpoint, *arguments],
+        **run_options,
+    )
+
+
+def read_hypotheses(output):
+    """The translations fairseq-generate and fairseq-interactive print, one H- line each.
+
+    Args:
+        output: the command's output (stdout, where the H- lines go, or stdout + stderr).
+
+    Returns:
+        {sentence id (int): (score, hypothesis)}: the score in base 2, as printed.
+    """
+    found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", output, flags=re.M)
+    hypotheses = {int(i): (float(score), text) for i, score, text in found}
+    assert len(hypotheses) == len(found), "a sentence id printed twice"
+    return hypotheses
 
 
 def write_tiny_corpus(directory, n_train=400, n_valid=40, n_test=40, seed=0):

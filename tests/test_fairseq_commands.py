@@ -17,11 +17,44 @@ from fairseq import checkpoint_utils
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
-from helpers import USER_DIR, fairseq_command, run
+from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
+
+
+def train_command(tiny_data, save_dir, *arguments):
+    """fairseq-train of a model of the session's size and training options (conftest) on the
+    tiny corpus.
+
+    Args:
+        tiny_data: the `tiny_data` fixture.
+        save_dir: fairseq's --save-dir.
+        *arguments: more fairseq-train arguments (they come last, and win).
+
+    Returns:
+        The command, a list for run or subprocess.
+    """
+    return [
+        fairseq_command("fairseq-train"),
+        tiny_data.data_bin,
+        "--user-dir",
+        USER_DIR,
+        *TINY_MODEL_ARGS,
+        *TRAINING_ARGS,
+        "--save-dir",
+        save_dir,
+        *arguments,
+    ]
 
 
 def json_records(log, tag):
-    """The JSON stats fairseq-train logs with --log-format json under `tag` (train_inner, ...)."""
+    """The stats fairseq-train logs with --log-format json under one tag.
+
+    Args:
+        log: fairseq-train's output.
+        tag: "train_inner", "train", "valid", ...
+
+    Returns:
+        A list of dicts, in the log's order.
+    """
     records = []
     for line in log.splitlines():
         start = line.find("{")
@@ -43,7 +76,14 @@ def _leaves(value):
 
 
 def bleu_unigram_precision(output):
-    """The unigram precision of the BLEU line fairseq-generate prints ("BLEU4 = b, p1/p2/...")."""
+    """The unigram precision of the BLEU line fairseq-generate prints ("BLEU4 = b, p1/p2/...").
+
+    Args:
+        output: fairseq-generate's output (stdout and stderr).
+
+    Returns:
+        p1, a float (percent).
+    """
     found = re.search(r"BLEU4 = [0-9.]+, ([0-9.]+)/", output)
     assert found, f"no BLEU line in fairseq-generate output:\n{output[-3000:]}"
     return float(found.group(1))
@@ -56,26 +96,11 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
     assert records, model.train_log[-3000:]
     assert float(records[-1]["loss"]) < float(records[0]["loss"]) - 0.5, "training did not learn"
 
-    proc = run(
-        [
-            fairseq_command("fairseq-generate"),
-            model.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            model.checkpoint,
-            "--beam",
-            "4",
-            "--batch-size",
-            "16",
-            "--cpu",
-            "--print-alignment",
-            "soft",
-        ]
+    proc = run_on_model(
+        "fairseq-generate", model, "--beam", "4", "--batch-size", "16", "--cpu", "--print-alignment", "soft"
     )
     output = proc.stdout + proc.stderr
-    hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", output, flags=re.M)
-    assert len(hypotheses) == 40  # the tiny test set
+    assert len(read_hypotheses(output)) == 40  # the tiny test set
     # The tiny corpus maps s<i> to t<i> (30 words) and reverses the order: guessing gives a
     # unigram precision of ~3%, the trained word mapping far more.
     assert bleu_unigram_precision(output) > 20.0
@@ -93,8 +118,15 @@ def test_train_then_generate_with_beam_search(trained_model, normalizer):
 
 
 def generated(output):
-    """{sentence id: hypothesis} and every positional score from fairseq-generate's output."""
-    hypotheses = dict(re.findall(r"^H-(\d+)\t\S+\t(.*)$", output, flags=re.M))
+    """The translations and the positional scores fairseq-generate prints.
+
+    Args:
+        output: fairseq-generate's stdout.
+
+    Returns:
+        ({sentence id: hypothesis}, [every token's positional score, P- lines in order]).
+    """
+    hypotheses = {i: text for i, (_, text) in read_hypotheses(output).items()}
     scores = [float(s) for row in re.findall(r"^P-\d+\t(.*)$", output, flags=re.M) for s in row.split()]
     return hypotheses, scores
 
@@ -104,21 +136,9 @@ def test_generate_in_half_precision(trained_model, normalizer):
     """fairseq-generate --fp16 (the model in float16; the normalizers compute in float32 and
     return float16) translates as the float32 model does."""
     model = trained_model(normalizer)
-    command = [
-        fairseq_command("fairseq-generate"),
-        model.data_bin,
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        model.checkpoint,
-        "--beam",
-        "4",
-        "--batch-size",
-        "16",
-        "--cpu",
-    ]
-    full_hypotheses, full_scores = generated(run(command).stdout)
-    half = run(command + ["--fp16"])
+    options = ["--beam", "4", "--batch-size", "16", "--cpu"]
+    full_hypotheses, full_scores = generated(run_on_model("fairseq-generate", model, *options).stdout)
+    half = run_on_model("fairseq-generate", model, *options, "--fp16")
     half_hypotheses, half_scores = generated(half.stdout)
     assert len(half_hypotheses) == 40
     assert half_scores != full_scores, "the same scores to the last digit: was the model in float16?"
@@ -151,14 +171,8 @@ def test_alphas_next_to_one_train(tiny_data, tmp_path):
     NaN attention (float32 rounding in the threshold search), and fairseq-train stopped at
     the first update; their alpha gradient was also off by orders of magnitude there."""
     proc = run(
-        [
-            fairseq_command("fairseq-train"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            *TINY_MODEL_ARGS,
-            *TRAINING_ARGS,
-            "--save-dir",
+        train_command(
+            tiny_data,
             tmp_path / "checkpoints",
             "--max-update",
             "4",
@@ -168,7 +182,7 @@ def test_alphas_next_to_one_train(tiny_data, tmp_path):
             "1,2",
             "--alpha-init",
             "1.000001",
-        ]
+        )
     )
     records = json_records(proc.stdout + proc.stderr, "train_inner")
     assert [int(r["num_updates"]) for r in records] == [1, 2, 3, 4]
@@ -180,25 +194,19 @@ def test_alphas_next_to_one_train(tiny_data, tmp_path):
 def test_interactive_translates_typed_sentences(trained_model, tiny_data):
     model = trained_model("alpha_entmax")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:3]
-    proc = run(
-        [
-            fairseq_command("fairseq-interactive"),
-            model.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            model.checkpoint,
-            "--beam",
-            "4",
-            "--cpu",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-        ],
+    proc = run_on_model(
+        "fairseq-interactive",
+        model,
+        "--beam",
+        "4",
+        "--cpu",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
         input="\n".join(sources) + "\n",
     )
-    hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", proc.stdout, flags=re.M)
+    hypotheses = [text for _, text in read_hypotheses(proc.stdout).values()]
     assert len(hypotheses) == 3
     for hypothesis in hypotheses:
         assert hypothesis.split() and all(re.fullmatch(r"t\d+", w) for w in hypothesis.split())
@@ -206,22 +214,16 @@ def test_interactive_translates_typed_sentences(trained_model, tiny_data):
 
 def test_validate_loads_the_checkpoint(trained_model):
     model = trained_model("entmax15")
-    proc = run(
-        [
-            fairseq_command("fairseq-validate"),
-            model.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            model.checkpoint,
-            "--task",
-            "translation",
-            "--cpu",
-            "--valid-subset",
-            "valid",
-            "--max-tokens",
-            "1000",
-        ]
+    proc = run_on_model(
+        "fairseq-validate",
+        model,
+        "--task",
+        "translation",
+        "--cpu",
+        "--valid-subset",
+        "valid",
+        "--max-tokens",
+        "1000",
     )
     found = re.search(r"valid on 'valid' subset \| loss ([0-9.]+)", proc.stdout + proc.stderr)
     assert found and math.isfinite(float(found.group(1)))
@@ -252,20 +254,7 @@ def _alpha_summary(state_dict):
 
 def test_training_killed_mid_run_resumes_with_its_saved_alphas(tiny_data, tmp_path):
     save_dir = tmp_path / "checkpoints"
-    command = [
-        fairseq_command("fairseq-train"),
-        tiny_data.data_bin,
-        "--user-dir",
-        USER_DIR,
-        *TINY_MODEL_ARGS,
-        *TRAINING_ARGS,
-        "--save-dir",
-        save_dir,
-        "--log-interval",
-        "1",
-        "--save-interval-updates",
-        "6",
-    ]
+    command = train_command(tiny_data, save_dir, "--log-interval", "1", "--save-interval-updates", "6")
     # Train "forever" and kill the process once it has saved a checkpoint.
     proc = subprocess.Popen(
         [str(a) for a in command] + ["--max-update", "100000"],
@@ -306,14 +295,8 @@ def test_tensorboard_gets_every_heads_alpha(tiny_data, tmp_path):
 
     logdir = tmp_path / "tensorboard"
     run(
-        [
-            fairseq_command("fairseq-train"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            *TINY_MODEL_ARGS,
-            *TRAINING_ARGS,
-            "--save-dir",
+        train_command(
+            tiny_data,
             tmp_path / "checkpoints",
             "--max-update",
             "4",
@@ -327,7 +310,7 @@ def test_tensorboard_gets_every_heads_alpha(tiny_data, tmp_path):
             "--eval-bleu",
             "--eval-bleu-args",
             '{"beam": 1, "max_len_b": 10}',
-        ]
+        )
     )
     # The allowlist fairseq_entmax installs covers what this checkpoint holds, with
     # weights_only on.

@@ -14,51 +14,46 @@ import re
 
 import pytest
 
-from helpers import USER_DIR, fairseq_command, run
+from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
 
 BEAM = 5
 MAX_LEN_B = 30  # fairseq's default max_len_a = 0: at most 30 target tokens, in all three tools
 N_TEST = 40  # the tiny test set
 
 
-def parse_hypotheses(output):
-    """{sentence id: (score, hypothesis)} from the H- lines of fairseq-generate/-interactive."""
-    found = re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", output, flags=re.M)
-    hypotheses = {int(i): (float(score), text) for i, score, text in found}
-    assert len(hypotheses) == len(found), "a sentence id printed twice"
-    return hypotheses
-
-
 @pytest.fixture(scope="module")
 def sources(tiny_data):
+    """The tiny test set's source sentences, raw, in corpus order."""
     lines = (tiny_data.raw_dir / "test.src").read_text().splitlines()
     assert len(lines) == N_TEST
     return lines
 
 
 def generate(model):
-    proc = run(
-        [
-            fairseq_command("fairseq-generate"),
-            model.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            model.checkpoint,
-            "--gen-subset",
-            "test",
-            "--cpu",
-            "--beam",
-            str(BEAM),
-            "--max-len-b",
-            str(MAX_LEN_B),
-            "--batch-size",
-            "16",
-            "--required-batch-size-multiple",
-            "1",
-        ]
+    """Translate the tiny test set with fairseq-generate (batches of 16, no batch dropped).
+
+    Args:
+        model: what the `trained_model` fixture returns.
+
+    Returns:
+        ({sentence id: (score, hypothesis)}, {sentence id: source line as fairseq read it}).
+    """
+    proc = run_on_model(
+        "fairseq-generate",
+        model,
+        "--gen-subset",
+        "test",
+        "--cpu",
+        "--beam",
+        str(BEAM),
+        "--max-len-b",
+        str(MAX_LEN_B),
+        "--batch-size",
+        "16",
+        "--required-batch-size-multiple",
+        "1",
     )
-    hypotheses = parse_hypotheses(proc.stdout)
+    hypotheses = read_hypotheses(proc.stdout)
     assert sorted(hypotheses) == list(range(N_TEST)), "fairseq-generate did not translate every sentence"
     source_lines = {int(i): line for i, line in re.findall(r"^S-(\d+)\t(.*)$", proc.stdout, flags=re.M)}
     return hypotheses, source_lines
@@ -73,25 +68,19 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
     # The test set's source side, as fairseq-generate read it, is the raw file line by line.
     assert generate_sources == dict(enumerate(sources))
 
-    interactive = parse_hypotheses(
-        run(
-            [
-                fairseq_command("fairseq-interactive"),
-                model.data_bin,
-                "--user-dir",
-                USER_DIR,
-                "--path",
-                model.checkpoint,
-                "--cpu",
-                "--beam",
-                str(BEAM),
-                "--max-len-b",
-                str(MAX_LEN_B),
-                "--source-lang",
-                "src",
-                "--target-lang",
-                "tgt",
-            ],
+    interactive = read_hypotheses(
+        run_on_model(
+            "fairseq-interactive",
+            model,
+            "--cpu",
+            "--beam",
+            str(BEAM),
+            "--max-len-b",
+            str(MAX_LEN_B),
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
             input="\n".join(sources) + "\n",
         ).stdout
     )
