@@ -12,39 +12,43 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
+from conftest import TINY_MODEL_ARGS
 from fairseq_entmax.models import sparse_attention_modules
 from fairseq_entmax.modules import SparseMultiheadAttention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR
 
-TINY_SIZES = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-    "--share-all-embeddings",
-]
+# The session models' sizes and dropout 0 (conftest), without their architecture: each test
+# names its own.
+_ARCH = TINY_MODEL_ARGS.index("--arch")
+TINY_SIZES = TINY_MODEL_ARGS[:_ARCH] + TINY_MODEL_ARGS[_ARCH + 2 :]
 
 
 def parse_training_args(data_bin, arguments):
+    """fairseq-train's arguments, parsed as fairseq-train parses them (--user-dir, --cpu).
+
+    Args:
+        data_bin: the data-bin.
+        arguments: the other command-line arguments.
+
+    Returns:
+        An argparse.Namespace.
+    """
     parser = options.get_training_parser()
     return options.parse_args_and_arch(parser, [str(data_bin), "--user-dir", USER_DIR, "--cpu", *arguments])
 
 
 def build_model(data_bin, arguments, seed=0):
-    """A model as fairseq-train builds it from these command-line arguments."""
+    """A model as fairseq-train builds it from these command-line arguments.
+
+    Args:
+        data_bin: the data-bin (its dictionaries size the model).
+        arguments: fairseq-train's other arguments (--arch and its options).
+        seed: torch's seed for the initialisation.
+
+    Returns:
+        (model, task).
+    """
     args = parse_training_args(data_bin, arguments)
     task = tasks.setup_task(args)
     torch.manual_seed(seed)
@@ -53,7 +57,14 @@ def build_model(data_bin, arguments, seed=0):
 
 def load_for_generation(model_info):
     """The model as fairseq-generate loads it: from the checkpoint, prepared for inference,
-    eval mode."""
+    eval mode.
+
+    Args:
+        model_info: what the `trained_model` fixture returns (checkpoint, data_bin).
+
+    Returns:
+        (model, task).
+    """
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(model_info.checkpoint)], arg_overrides={"data": str(model_info.data_bin)}
     )
@@ -64,6 +75,16 @@ def load_for_generation(model_info):
 
 
 def test_batch(task, split="test", max_sentences=8):
+    """The first batch of a split, unshuffled.
+
+    Args:
+        task: the fairseq task (its data-bin).
+        split: the split.
+        max_sentences: the batch's most sentences.
+
+    Returns:
+        The batch, as fairseq's iterators give it (net_input, target, ...).
+    """
     task.load_dataset(split)
     iterator = task.get_batch_iterator(dataset=task.dataset(split), max_sentences=max_sentences).next_epoch_itr(
         shuffle=False
@@ -75,7 +96,15 @@ test_batch.__test__ = False  # a helper, not a test
 
 
 def record_normalizer_calls(model, monkeypatch):
-    """Wrap every attention's normalizer to keep its (scores, probabilities)."""
+    """Wrap every attention's normalizer to keep its (scores, probabilities).
+
+    Args:
+        model: a model of this package.
+        monkeypatch: pytest's fixture, which undoes the wrapping after the test.
+
+    Returns:
+        {(attention type, layer): [(scores, probabilities), ...]}, filled as the model runs.
+    """
     calls = {}
     for attention_type, layer, attention in sparse_attention_modules(model):
 
@@ -428,7 +457,16 @@ def test_architectures_have_fairseqs_sizes_and_their_default_attention(tiny_data
 
 
 def topk_fraction_attention(attention_type, fraction, minimum):
-    """Self-attention (width 16, 2 heads) with top-k keeping a share of the keys, eval mode."""
+    """Self-attention (width 16, 2 heads) with top-k keeping a share of the keys, eval mode.
+
+    Args:
+        attention_type: "encoder_self" or "decoder_self".
+        fraction: --topk-fraction.
+        minimum: --topk-min.
+
+    Returns:
+        The SparseMultiheadAttention.
+    """
     torch.manual_seed(0)
     return SparseMultiheadAttention(
         16,
