@@ -1,5 +1,6 @@
 """fairseq's MultiheadAttention with the softmax replaced by any normalizer of the registry."""
 
+import logging
 import math
 
 import torch
@@ -9,8 +10,11 @@ from torch import nn
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import normalizer_entry
 
+logger = logging.getLogger(__name__)
+
 # Version of what this module stores beyond fairseq's MultiheadAttention: the learned
-# `alpha_logit`. A checkpoint without the version key predates it and is version 1.
+# `alpha_logit`. A checkpoint with alpha_logit but without the version key predates the key
+# and is version 1; one with neither had no learned alpha in that module.
 # Changing how alpha is stored means raising STATE_VERSION and adding, under the old
 # version, a function that rewrites such a state dict in place (see upgrade_state_dict_named).
 STATE_VERSION = 1
@@ -102,6 +106,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         # function of the module, not a closure or bound method: those would tie a deep copy
         # of the module (fairseq's --ema) to the original's alpha.
         self._normalize = _NORMALIZE_CALLS[normalizer.parameter]
+        self.alpha_init = alpha_init
         if normalizer.learns_alpha:
             if alpha_init == "random":
                 initial = torch.randn(num_heads)
@@ -136,8 +141,7 @@ class SparseMultiheadAttention(MultiheadAttention):
             normalizer that is no alpha-entmax (top-k).
         """
         if self.alpha_logit is not None:
-            low, high = self.alpha_clamp
-            return torch.clamp(1.0 + torch.sigmoid(self.alpha_logit.float()), low, high)
+            return self._learned_alpha()
         if self.normalizer.fixed_alpha is None:
             return None
         return torch.full(
@@ -145,6 +149,10 @@ class SparseMultiheadAttention(MultiheadAttention):
             self.normalizer.fixed_alpha,
             device=self.q_proj.weight.device,
         )
+
+    def _learned_alpha(self):
+        low, high = self.alpha_clamp
+        return torch.clamp(1.0 + torch.sigmoid(self.alpha_logit.float()), low, high)
 
     def normalize(self, scores):
         """Attention probabilities from attention scores.
@@ -160,11 +168,17 @@ class SparseMultiheadAttention(MultiheadAttention):
         return self._normalize(self, scores)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Bring what this module stores in a state dict to the current STATE_VERSION.
+        """Bring what this module stores in a state dict to the current STATE_VERSION, or,
+        from a checkpoint without a learned alpha here, start the alpha from alpha_init.
 
-        fairseq calls this on every module before a model loads a state dict. Modules
+        fairseq calls this on every module before a model loads a state dict (fine-tuning
+        with --finetune-from-model or --restore-file, resuming, generation, the hub). Modules
         without a learned alpha store nothing of their own (their keys are those of
-        fairseq's MultiheadAttention) and are left as fairseq leaves them.
+        fairseq's MultiheadAttention) and are left as fairseq leaves them. A state dict that
+        holds neither `alpha_logit` nor the version key for this module comes from a model
+        without learned alpha here (fairseq's transformer, or this package's softmax, entmax15,
+        sparsemax or top-k): this module's own initial alpha_logit, drawn from alpha_init, is
+        put in, and logged, so that the strict load that follows checks every other key.
 
         Args:
             state_dict: the model's state dict, changed in place.
@@ -178,6 +192,19 @@ class SparseMultiheadAttention(MultiheadAttention):
             return
         prefix = f"{name}." if name else ""
         key = prefix + STATE_VERSION_KEY
+        alpha_key = prefix + "alpha_logit"
+        if key not in state_dict and alpha_key not in state_dict:
+            state_dict[alpha_key] = self.alpha_logit.detach().clone()
+            state_dict[key] = torch.tensor([STATE_VERSION])
+            logger.info(
+                "%s: not in the checkpoint (trained without learned alpha), so its %d heads start "
+                "from --alpha-init %s: alpha %s",
+                alpha_key,
+                self.num_heads,
+                self.alpha_init,
+                ", ".join(f"{alpha:.7g}" for alpha in self._learned_alpha().tolist()),
+            )
+            return
         version = int(state_dict[key].reshape(-1)[0]) if key in state_dict else 1
         if version > STATE_VERSION:
             raise ValueError(
