@@ -20,6 +20,7 @@ from fairseq_entmax.normalizers import NORMALIZER_NAMES
 DEFAULTS = {
     "alpha_init": "random",
     "alpha_clamp": (1.01, 2.0),
+    "alpha_warmup_updates": 0,
     "topk": 8,
     "topk_fraction": None,
     "topk_min": 1,
@@ -89,6 +90,21 @@ def parse_alpha_clamp(text):
     return (low, high)
 
 
+def parse_alpha_warmup_updates(text):
+    """Parse --alpha-warmup-updates.
+
+    Args:
+        text: an integer >= 0 (an int or its text).
+
+    Returns:
+        The integer.
+
+    Raises:
+        argparse.ArgumentTypeError: for anything else, saying what is allowed.
+    """
+    return _parse_integer(text, minimum=0)
+
+
 def parse_topk(text):
     """Parse --topk and --topk-min.
 
@@ -101,12 +117,16 @@ def parse_topk(text):
     Raises:
         argparse.ArgumentTypeError: for anything else, saying what is allowed.
     """
+    return _parse_integer(text, minimum=1)
+
+
+def _parse_integer(text, minimum):
     try:
         value = int(text)
     except (TypeError, ValueError):
-        value = 0
-    if value < 1 or str(value) != str(text).strip():
-        raise argparse.ArgumentTypeError(f"allowed values are integers >= 1, got {text!r}")
+        value = minimum - 1
+    if value < minimum or str(value) != str(text).strip():
+        raise argparse.ArgumentTypeError(f"allowed values are integers >= {minimum}, got {text!r}")
     return value
 
 
@@ -167,6 +187,13 @@ def add_sparse_attention_args(parser):
         type=parse_alpha_clamp,
         metavar="MIN,MAX",
         help="learned alpha-entmax: alpha is clamped to [MIN, MAX] (default 1.01,2)",
+    )
+    parser.add_argument(
+        "--alpha-warmup-updates",
+        type=parse_alpha_warmup_updates,
+        metavar="N",
+        help="learned alpha-entmax: each head's alpha rises linearly from 1 (softmax) at update 0 "
+        "to its learned alpha at update N, e.g. to fine-tune a softmax model (default 0: no warm-up)",
     )
     parser.add_argument(
         "--topk",
@@ -237,6 +264,7 @@ def validate_sparse_attention_args(args):
     try:
         args.alpha_init = parse_alpha_init(args.alpha_init)
         args.alpha_clamp = parse_alpha_clamp(args.alpha_clamp)
+        args.alpha_warmup_updates = parse_alpha_warmup_updates(args.alpha_warmup_updates)
         args.topk = parse_topk(args.topk)
         args.topk_min = parse_topk(args.topk_min)
         if args.topk_fraction is not None:
@@ -266,8 +294,8 @@ def sparse_attention_options(cfg, attention_type):
 
     Returns:
         A dict: attention_type, normalizer_name (the type's own normalizer, else
-        --attention-normalizer), alpha_init, alpha_clamp, topk, topk_fraction, topk_min and
-        compile_normalizer.
+        --attention-normalizer), alpha_init, alpha_clamp, alpha_warmup_updates, topk,
+        topk_fraction, topk_min and compile_normalizer.
     """
     normalizer = getattr(cfg, normalizer_option(attention_type), None)
     return dict(
@@ -275,6 +303,7 @@ def sparse_attention_options(cfg, attention_type):
         normalizer_name=normalizer or cfg.attention_normalizer,
         alpha_init=cfg.alpha_init,
         alpha_clamp=cfg.alpha_clamp,
+        alpha_warmup_updates=cfg.alpha_warmup_updates,
         topk=cfg.topk,
         topk_fraction=cfg.topk_fraction,
         topk_min=cfg.topk_min,

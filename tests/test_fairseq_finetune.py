@@ -5,6 +5,7 @@ into adaptively_sparse_transformer with learned alpha (the alphas it lacks start
 --restore-file with fairseq's reset flags; every other weight loads as saved, and a model of
 another size is still refused with fairseq's error."""
 
+import argparse
 import json
 import math
 import re
@@ -122,6 +123,68 @@ def test_near_one_alphas_start_from_the_softmax_model_exactly(tiny_data, softmax
     assert float(valid["valid_loss"]) == pytest.approx(softmax_loss, abs=1e-3)
 
 
+def attention_type_of(alpha_key):
+    """encoder_self, decoder_self or cross, from a key such as decoder.layers.0.encoder_attn.alpha_logit."""
+    if alpha_key.startswith("encoder."):
+        return "encoder_self"
+    return "cross" if ".encoder_attn." in alpha_key else "decoder_self"
+
+
+def test_random_alphas_warm_up_from_softmax_through_restore_file(tiny_data, softmax_checkpoint, tmp_path):
+    """--restore-file with the reset flags, the default --alpha-init random and
+    --alpha-warmup-updates 16: every head starts at alpha 1 (softmax) and moves linearly
+    towards the starting alpha the log gave it; the model learns, alphas included; and the
+    checkpoint, saved half-way through the warm-up, loads (as fairseq-generate and the hub
+    load it) with its alphas half-way."""
+    from fairseq import checkpoint_utils
+
+    from fairseq_entmax.models import sparse_attention_modules
+
+    checkpoint, _ = softmax_checkpoint
+    proc = fine_tune(
+        tiny_data,
+        tmp_path,
+        "--restore-file",
+        checkpoint,
+        *RESET_FLAGS,
+        "--attention-normalizer",
+        "alpha_entmax",
+        "--alpha-warmup-updates",
+        "16",
+        "--max-update",
+        "8",
+    )
+    logged = {}
+    for key, init, alphas in ALPHA_STARTS.findall(proc.log):
+        assert init == "random", key
+        logged[key] = [float(alpha) for alpha in alphas.split(", ")]
+    assert len(logged) == 6, proc.log[-3000:]
+    records = json_records(proc.log, "train_inner")  # record i: the update that started from update i
+    assert len(records) == 8 and all(math.isfinite(float(record["loss"])) for record in records)
+    for attention_type in ("encoder_self", "decoder_self", "cross"):
+        start = [
+            alpha for key, alphas in logged.items() if attention_type_of(key) == attention_type for alpha in alphas
+        ]
+        assert len(start) == 8  # 2 layers of 4 heads
+        assert float(records[0][f"alpha_{attention_type}_max"]) == 1.0
+        # At update 4 of 16, a quarter of the way (the learned alphas themselves move by
+        # less than the tolerance in 4 updates).
+        for statistic, value in (("mean", sum(start) / 8), ("min", min(start)), ("max", max(start))):
+            logged_value = float(records[4][f"alpha_{attention_type}_{statistic}"])
+            assert logged_value == pytest.approx(1 + (value - 1) / 4, abs=2e-3), (attention_type, statistic)
+
+    pretrained, trained = model_state(checkpoint), model_state(tmp_path / "checkpoint_last.pt")
+    assert not torch.equal(trained["encoder.layers.0.fc1.weight"], pretrained["encoder.layers.0.fc1.weight"])
+    (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "checkpoint_last.pt")], arg_overrides={"data": str(tiny_data.data_bin)}
+    )
+    for attention_type, layer, attention in sparse_attention_modules(model):
+        key = next(k for k in logged if attention_type_of(k) == attention_type and f".layers.{layer}." in k)
+        learned = (1 + torch.sigmoid(trained[key])).clamp(1.01, 2)
+        assert not torch.allclose(learned, torch.tensor(logged[key]), atol=1e-4), f"{key} did not learn"
+        assert torch.allclose(attention.head_alpha(), 1 + (learned - 1) * 8 / 16), key
+
+
 def test_fixed_normalizers_and_top_k_load_every_weight(tiny_data, softmax_checkpoint, tmp_path):
     """Normalizers without learned alpha (1.5-entmax in the encoder, top-k in the decoder)
     store what fairseq's MultiheadAttention stores: the model starts from exactly the
@@ -172,3 +235,27 @@ def test_a_model_of_another_size_is_still_refused(tiny_data, softmax_checkpoint,
         proc.log
     )
     assert 'Missing key(s) in state_dict: "decoder.layers.2.' in proc.log
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "ten"])
+def test_a_bad_alpha_warmup_is_refused_at_parsing_and_in_a_config(tmp_path, capsys, value):
+    """--alpha-warmup-updates takes an integer >= 0: fairseq's parser (every fairseq command's)
+    stops at a bad one with the option's error, and a config built in Python or overridden
+    in a checkpoint is checked the same way."""
+    from fairseq import options
+
+    from fairseq_entmax.options import sparse_attention_defaults, validate_sparse_attention_args
+
+    with pytest.raises(SystemExit):
+        options.parse_args_and_arch(
+            options.get_training_parser(),
+            [str(tmp_path), "--user-dir", USER_DIR, "--arch", "adaptively_sparse_transformer"]
+            + ["--alpha-warmup-updates", value],
+        )
+    assert (
+        f"argument --alpha-warmup-updates: allowed values are integers >= 0, got '{value}'" in capsys.readouterr().err
+    )
+    config = argparse.Namespace(alpha_warmup_updates=value)
+    sparse_attention_defaults(config, "alpha_entmax")
+    with pytest.raises(ValueError, match="invalid sparse attention option: allowed values are integers >= 0"):
+        validate_sparse_attention_args(config)

@@ -55,7 +55,9 @@ class SparseMultiheadAttention(MultiheadAttention):
     `self.normalizer`. Learned alpha (normalizer "alpha_entmax"): one parameter
     `alpha_logit` per head, alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp),
     initialised from N(0, 1) (alpha_init="random", as Correia et al. did) or so that every
-    head starts at alpha_init.
+    head starts at alpha_init. With alpha_warmup_updates N > 0, the alpha a head uses is
+    1 + min(1, t / N) * (alpha - 1) at update t (fairseq's set_num_updates): softmax at update
+    0, its learned alpha from update N on.
 
     compile_normalizer: run the normalizer through torch.compile(fullgraph=True,
     dynamic=True) (one graph for every batch shape; see docs/fairseq.md for when it pays).
@@ -70,6 +72,7 @@ class SparseMultiheadAttention(MultiheadAttention):
         normalizer_name,
         alpha_init="random",
         alpha_clamp=(1.01, 2.0),
+        alpha_warmup_updates=0,
         topk=8,
         topk_fraction=None,
         topk_min=1,
@@ -94,6 +97,9 @@ class SparseMultiheadAttention(MultiheadAttention):
         self.normalizer_name = normalizer_name
         self.normalizer = normalizer
         self.alpha_clamp = (float(alpha_clamp[0]), float(alpha_clamp[1]))
+        self.alpha_warmup_updates = alpha_warmup_updates
+        # How far each head's alpha is from 1 towards its learned alpha (set_num_updates).
+        self.alpha_warmup_fraction = 1.0
         self.topk = topk
         self.topk_fraction = topk_fraction
         self.topk_min = topk_min
@@ -122,6 +128,8 @@ class SparseMultiheadAttention(MultiheadAttention):
         text = f"attention_type={self.attention_type}, normalizer={self.normalizer_name}"
         if self.alpha_logit is not None:
             text += f", alpha_clamp={self.alpha_clamp}"
+            if self.alpha_warmup_updates:
+                text += f", alpha_warmup_updates={self.alpha_warmup_updates}"
         if self.compile_normalizer:
             text += ", compiled"
         if self.normalizer.parameter == "k":
@@ -132,16 +140,30 @@ class SparseMultiheadAttention(MultiheadAttention):
             )
         return text
 
+    def set_num_updates(self, num_updates):
+        """Follow fairseq's update count (called before each training step, and with the
+        checkpoint's count when a model is loaded): the alpha warm-up's progress.
+
+        Args:
+            num_updates: the number of updates done.
+        """
+        if self.alpha_warmup_updates:
+            self.alpha_warmup_fraction = min(1.0, num_updates / self.alpha_warmup_updates)
+
     def head_alpha(self):
-        """Each head's current alpha.
+        """Each head's current alpha, the one its attention uses.
 
         Returns:
             A float tensor of shape (num_heads,): the learned, clamped 1 + sigmoid(alpha_logit)
-            or the normalizer's fixed alpha (softmax 1, entmax15 1.5, sparsemax 2); None for a
-            normalizer that is no alpha-entmax (top-k).
+            (during an alpha warm-up, that far from 1) or the normalizer's fixed alpha
+            (softmax 1, entmax15 1.5, sparsemax 2); None for a normalizer that is no
+            alpha-entmax (top-k).
         """
         if self.alpha_logit is not None:
-            return self._learned_alpha()
+            alpha = self._learned_alpha()
+            if self.alpha_warmup_fraction < 1.0:
+                alpha = 1.0 + self.alpha_warmup_fraction * (alpha - 1.0)
+            return alpha
         if self.normalizer.fixed_alpha is None:
             return None
         return torch.full(
