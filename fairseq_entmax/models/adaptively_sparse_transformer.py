@@ -4,7 +4,9 @@ Registered under one model name with two families of architectures:
 - adaptively_sparse_transformer*: learned alpha-entmax in all attention (Correia et al. 2019);
 - explicit_sparse_transformer*: top-k softmax with k = 8 in all attention (Zhao et al. 2019).
 Any normalizer can be chosen for all attention or per attention type with the options of
-fairseq_entmax/options.py.
+fairseq_entmax/options.py. The output distribution is softmax, or the alpha-entmax the model was
+trained for with the entmax_loss criterion (--loss-alpha, which fairseq saves with the model's
+arguments in the checkpoint).
 """
 
 import argparse
@@ -27,12 +29,14 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
+from fairseq_entmax.criterions import check_loss_alpha
 from fairseq_entmax.modules import (
     SparseMultiheadAttention,
     SparseTransformerDecoderLayer,
     SparseTransformerEncoderLayer,
 )
 from fairseq_entmax.names import ALPHA_STATISTICS, alpha_head_metric_name, alpha_metric_name
+from fairseq_entmax.normalizers import alpha_entmax
 from fairseq_entmax.options import (
     add_sparse_attention_args,
     sparse_attention_defaults,
@@ -122,6 +126,7 @@ class AdaptivelySparseTransformerModel(TransformerModel):
         super().__init__(args, encoder, decoder)
         # Per-head alphas go to the training log only with TensorBoard, where they are plotted.
         self.log_alpha_per_head = bool(getattr(args, "tensorboard_logdir", None))
+        self.output_alpha = output_alpha_of(args)
 
     @classmethod
     def add_args(cls, parser):
@@ -147,6 +152,22 @@ class AdaptivelySparseTransformerModel(TransformerModel):
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
         return SparseTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        """The output distribution: fairseq's softmax, or the alpha-entmax of output_alpha.
+
+        Args:
+            net_output: the decoder's output, scores first.
+            log_probs: return log-probabilities (-inf where the entmax gives exactly 0).
+            sample: unused (fairseq's signature).
+
+        Returns:
+            Probabilities or log-probabilities in float32, of the scores' shape.
+        """
+        if self.output_alpha == 1.0:
+            return super().get_normalized_probs(net_output, log_probs, sample)
+        probs = alpha_entmax(net_output[0].float(), self.output_alpha)
+        return probs.log() if log_probs else probs
 
     def head_alphas(self):
         """The learned alphas.
@@ -201,6 +222,24 @@ class AdaptivelySparseTransformerModel(TransformerModel):
                             round=4,
                             priority=1000,
                         )
+
+
+def output_alpha_of(args):
+    """The alpha of the output distribution a model built from `args` decodes with.
+
+    Args:
+        args: the model's arguments: fairseq keeps every command-line argument there, the
+            criterion's included, and saves them in the checkpoint. `loss_alpha` is there when
+            the model was trained with entmax_loss (or set with --model-overrides).
+
+    Returns:
+        loss_alpha as a float, or 1.0 (softmax) without it.
+
+    Raises:
+        ValueError: for a loss_alpha that is not a number >= 1.
+    """
+    alpha = getattr(args, "loss_alpha", None)
+    return 1.0 if alpha is None else check_loss_alpha(alpha)
 
 
 # ---------------------------------------------------------------------------------------
