@@ -21,7 +21,7 @@ from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpu
 # that needs the session corpus or models below, directly or through a fixture of its own; every
 # test of the modules that train or run commands without them (fairseq-train and the other
 # fairseq commands, recipes, the quickstart, the reproduction, torch.compile); and the few other
-# tests that take seconds each (all their parameters; together ~3 of the 4.5 minutes measured).
+# tests that take seconds each (all their parameters; most of the fast suite's time).
 SLOW_FIXTURES = {"tiny_data", "tiny_model_args", "trained_model"}
 SLOW_MODULE_PREFIXES = ("test_fairseq_",)
 SLOW_MODULES = {
