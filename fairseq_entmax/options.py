@@ -12,6 +12,7 @@ argument parsing with "argument --OPTION: <message>".
 import argparse
 import math
 
+from fairseq_entmax.argument_parsing import parse_number_in_interval
 from fairseq_entmax.names import ATTENTION_TITLES, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 
@@ -142,13 +143,7 @@ def parse_topk_fraction(text):
     Raises:
         argparse.ArgumentTypeError: for anything else, saying what is allowed.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"allowed values are numbers in (0, 1], got {text!r}")
-    return value
+    return parse_number_in_interval(text, 0, 1, low_open=True)
 
 
 def add_sparse_attention_args(parser):

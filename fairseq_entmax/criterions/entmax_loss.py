@@ -15,6 +15,7 @@ from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.logging import metrics
 
+from fairseq_entmax.argument_parsing import parse_number_in_interval
 from fairseq_entmax.criterions.fenchel_young import check_loss_alpha, fenchel_young_loss
 
 CRITERION_NAME = "entmax_loss"
@@ -55,13 +56,7 @@ def parse_label_smoothing(text):
     Raises:
         argparse.ArgumentTypeError: for anything else, saying what is allowed.
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"allowed values are numbers in [0, 1), got {text!r}")
-    return value
+    return parse_number_in_interval(text, 0, 1, high_open=True)
 
 
 def model_output_alpha(model):
