@@ -1,12 +1,20 @@
 """float64 gradcheck of every normalizer's hand-written backward, with masked entries; the
-alpha gradient close to alpha = 1 against differences of the independent reference."""
+alpha gradient close to alpha = 1 against differences of the independent reference. Each
+on the early-exit path with and without alpha_entmax's selected entries."""
 
 import numpy as np
 import pytest
 import torch
 
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from normalizer_paths import PATHS
 from normalizer_references import alpha_entmax_reference
+
+
+@pytest.fixture(autouse=True, params=["early_exit", "early_exit_selected"])
+def path(request):
+    with PATHS[request.param]():
+        yield
 
 
 def _scores(seed, shape=(3, 4, 7)):

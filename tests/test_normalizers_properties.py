@@ -1,7 +1,6 @@
-"""Property tests (hypothesis) of the normalizers against their definitions, on both paths:
-the early-exit one (the CPU's default) and the sync-free one (GPUs, torch.compile)."""
-
-import contextlib
+"""Property tests (hypothesis) of the normalizers against their definitions, on every path
+of tests/normalizer_paths.py: the early-exit one (the CPU's default), with and without
+alpha_entmax's selected entries, and the sync-free one (GPUs, torch.compile)."""
 
 import numpy as np
 import pytest
@@ -9,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
+from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from normalizer_paths import PATHS
 from normalizer_references import (
     alpha_entmax_reference,
     apply_rows,
@@ -20,8 +20,7 @@ from normalizer_references import (
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
-PATHS = {"early_exit": contextlib.nullcontext, "sync_free": sync_free}
-on_both_paths = pytest.mark.parametrize("path", PATHS)
+on_every_path = pytest.mark.parametrize("path", PATHS)
 
 
 @st.composite
@@ -61,7 +60,7 @@ def _maps(alpha, k):
     ]
 
 
-@on_both_paths
+@on_every_path
 @SETTINGS
 @given(score_rows(), alphas, st.integers(1, 12))
 def test_matches_independent_reference_and_lies_on_simplex(path, scores, alpha, k):
@@ -76,7 +75,7 @@ def test_matches_independent_reference_and_lies_on_simplex(path, scores, alpha, 
             assert torch.all(p[torch.isinf(x)] == 0)
 
 
-@on_both_paths
+@on_every_path
 @SETTINGS
 @given(score_rows(allow_masked=False), alphas)
 def test_sparse_maps_are_exact_threshold_functions(path, scores, alpha):
@@ -135,7 +134,7 @@ def test_general_alpha_path_agrees_with_special_maps_in_float32(scores):
     torch.testing.assert_close(alpha_entmax(x, alpha), expected, atol=1e-6, rtol=0)
 
 
-@on_both_paths
+@on_every_path
 @pytest.mark.parametrize(
     "dtype, alpha_range, bound",
     [
@@ -162,7 +161,7 @@ def test_alpha_entmax_accuracy_stated_in_docstring(path, dtype, alpha_range, bou
         assert worst <= bound
 
 
-@on_both_paths
+@on_every_path
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
 def test_entmax15_accuracy_stated_in_docstring(path, dtype, bound):
     """Max abs error of entmax15 (Newton steps to a tolerance) against the exact sort-based
@@ -179,7 +178,7 @@ def test_entmax15_accuracy_stated_in_docstring(path, dtype, bound):
         assert worst <= bound
 
 
-@on_both_paths
+@on_every_path
 @pytest.mark.parametrize("dtype, bound", [(torch.float32, 1.5e-4), (torch.float64, 1e-8)])
 def test_alpha_entmax_close_to_one_is_finite_with_the_error_stated_in_docstring(path, dtype, bound):
     """alpha - 1 from 1e-12 to 1e-2, where the threshold search alone loses digits as

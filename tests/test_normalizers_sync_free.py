@@ -3,14 +3,13 @@ on the CPU with `sync_free()`: no host synchronisation in forward or backward, t
 documented accuracy after its fixed number of passes on adversarial rows, and, on both
 paths, NaN rows propagated and alpha taken in float32 whatever its dtype."""
 
-import contextlib
-
 import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
+from normalizer_paths import PATHS
 from normalizer_references import alpha_entmax_reference, apply_rows, entmax15_reference, sparsemax_reference
 
 aten = torch.ops.aten
@@ -26,7 +25,6 @@ SYNCHRONISING = {
     aten.unique_consecutive,
     aten.unique_dim,
 }
-PATHS = {"early_exit": contextlib.nullcontext, "sync_free": sync_free}
 
 
 class SynchronisationCounter(TorchDispatchMode):

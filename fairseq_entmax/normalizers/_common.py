@@ -216,16 +216,78 @@ def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_
     return grad_scores, torch.cat(row_values).view(row_shape).movedim(-1, dim)
 
 
-def sparse_map_backward(g, s, grad_out):
+class WholeRows:
+    """Row operations on an (m, d) block whose entry tensors are (m, d) blocks too."""
+
+    @staticmethod
+    def sum(entries):
+        """The (m, 1) sums of the rows of entries."""
+        return entries.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def spread(row_values):
+        """(m, 1) values, one per row, in the shape of an entry tensor (here: as they are;
+        they broadcast)."""
+        return row_values
+
+
+WHOLE_ROWS = WholeRows()
+
+
+class SelectedEntries:
+    """Row operations on the selected entries of an (m, d) block, held as a 1-D tensor in
+    row-major order: a sparse map needs only the entries that can be nonzero, often a tenth
+    of a block. Selecting them reads their number back, so this is for the CPU's
+    early-exit path only.
+
+    Args:
+        selected: an (m, d) bool mask.
+        counts: the number of selected entries of each row, (m,) integer.
+    """
+
+    def __init__(self, selected, counts):
+        self.index = selected.reshape(-1).nonzero().squeeze(1)
+        self.counts = counts
+        rows = torch.arange(len(counts), device=counts.device)
+        self.rows = torch.repeat_interleave(rows, counts, output_size=len(self.index))
+
+    def gather(self, block):
+        """The selected entries of an (m, d) block, 1-D."""
+        return block.reshape(-1).index_select(0, self.index)
+
+    def scatter(self, entries, block):
+        """Write entries into their places in the (m, d) block (contiguous), zeros elsewhere."""
+        block.zero_().view(-1).index_copy_(0, self.index, entries)
+
+    def sum(self, entries):
+        """The (m, 1) sums of each row's selected entries (0 for a row with none)."""
+        return torch.segment_reduce(entries, "sum", lengths=self.counts).unsqueeze(1)
+
+    def spread(self, row_values):
+        """(m, 1) values, one per row, repeated for each of the row's selected entries."""
+        return row_values.reshape(-1).index_select(0, self.rows)
+
+
+def few_selected(selected, share):
+    """SelectedEntries of the (m, d) bool mask `selected` when it selects at most `share`
+    of the block's entries (reads that number back: early-exit path only), else None."""
+    counts = selected.view(torch.uint8).sum(dim=-1)
+    if int(counts.sum()) > share * selected.numel():
+        return None
+    return SelectedEntries(selected, counts)
+
+
+def sparse_map_backward(g, s, grad_out, rows=WHOLE_ROWS):
     """VJP of a map whose Jacobian is diag(s) - s s^T / sum(s), written into grad_out.
 
     Used by sparsemax and entmax (s = p^(2 - alpha) on the support, 0 off it): masked and
     zero-weight entries get gradient exactly 0, and so do rows with sum(s) = 0 (fully
-    masked). Returns sum(s * g) / sum(s), which the alpha gradient reuses.
+    masked). Returns sum(s * g) / sum(s), which the alpha gradient reuses. g, s and
+    grad_out are entry tensors of `rows` (WholeRows or SelectedEntries).
     """
     torch.mul(s, g, out=grad_out)
-    skewed_mean = grad_out.sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True).clamp_min_(1e-30)
-    grad_out.addcmul_(s, skewed_mean, value=-1.0)
+    skewed_mean = rows.sum(grad_out) / rows.sum(s).clamp_min_(1e-30)
+    grad_out.addcmul_(s, rows.spread(skewed_mean), value=-1.0)
     return skewed_mean
 
 

@@ -12,9 +12,11 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     NEWTON_TOLERANCE,
+    WHOLE_ROWS,
     check_scores,
     check_values,
     compute_dtype,
+    few_selected,
     map_rows,
     map_rows_backward,
     shift_rows,
@@ -36,6 +38,14 @@ _MAX_PASSES = 64
 # with a margin; see docs/normalizers.md.
 SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
+# On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
+# entries above a lower bound of tau, a superset of the support), and the backward on the
+# support alone, when they are at most this share of a block: selecting them costs about
+# what one pass over the whole block does, and each pass on fewer entries saves the rest.
+_CANDIDATE_SHARE = 0.5
+# The depths delta of the lower bound of tau (see _lower_bound_of_tau).
+_BOUND_DEPTHS = (0.25, 0.5)
+
 # Rows with alpha - 1 below this are computed as softmax, their limit at alpha = 1. The
 # search works on r = (alpha - 1) z - tau, values near 1 whose rounding (eps) is an error of
 # eps / (alpha - 1) in the scores, raised to the power 1 / (alpha - 1); softmax is off by a
@@ -56,14 +66,16 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     Rows with am1 == 0 are softmax. Otherwise, with z = am1 * x (row max 0) and
     n = 1 / am1, tau solves sum_i [z_i - tau]_+^n = 1. Newton's method runs on the norm
     F(tau) = ||[z - tau]_+||_n: for alpha <= 2 (n >= 1) F is convex and decreasing, so from
-    tau = -1 (below the root) the steps rise monotonically to the root without passing it,
-    nearly linearly far from it (F is exactly linear while one entry is in the support) and
-    quadratically near it; 4 to 7 passes for attention rows. For alpha > 2 that guarantee
-    is lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
+    any tau below the root (here _lower_bound_of_tau) the steps rise monotonically to the
+    root without passing it, nearly linearly far from it (F is exactly linear while one
+    entry is in the support) and quadratically near it; 4 to 7 passes for attention rows.
+    On the early-exit path those passes run on the candidates alone, the entries above the
+    lower bound, when they are few (_CANDIDATE_SHARE). For alpha > 2 the monotone rise is
+    lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
-    path makes SYNC_FREE_PASSES passes instead, and decides from at_most_two, not from
-    alpha's values, which search to run.
+    path makes SYNC_FREE_PASSES passes instead, over every entry, and decides from
+    at_most_two, not from alpha's values, which search to run.
     """
     sync_free = uses_sync_free_path(x)
     is_softmax = am1 < _SOFTMAX_BELOW[am1.dtype]
@@ -74,15 +86,35 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     # tau >= -1, so entries with am1 * z < -1 never enter the support: clamping them to
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(am1).clamp_min_(-2.0)
-    newton = _NewtonOnNorm(z, am1, r, q, rq, sync_free)
     # The plain loop has less than half the operations of the safeguarded one, and their
     # number is what a call on a few short rows (a decoding step) costs.
     plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
-    step = newton.plain() if plain else newton.safeguarded()
-    # p at tau + step, to first order: [r - n step]_+ r^(n-1), which leaves an error of
-    # order step^2 instead of step (and costs no further power); then renormalise.
-    torch.sub(r, step / am1, out=out).clamp_min_(0.0).mul_(q)
-    out.div_(out.sum(dim=-1, keepdim=True))
+    if not plain:
+        newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
+        newton.write_probabilities(newton.safeguarded(), out)
+    else:
+        tau = _lower_bound_of_tau(z, am1, scratch=r)
+        candidates = None
+        if not sync_free:
+            above = z > tau
+            if valid is not None:
+                above &= valid
+            candidates = few_selected(above, _CANDIDATE_SHARE)
+        if candidates is None:
+            newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
+            newton.write_probabilities(newton.plain(tau), out)
+        else:
+            z_candidates = candidates.gather(z)
+            scratch = [torch.empty_like(z_candidates) for _ in range(3)]
+            newton = _NewtonOnNorm(z_candidates, am1, candidates, scratch, sync_free)
+            step = newton.plain(tau)
+            p = scratch[2]
+            newton.write_probabilities(step, p)
+            candidates.scatter(p, out)
+            # A row with a NaN score has no candidates, and a NaN step.
+            nan_rows = torch.isnan(step)
+            if bool(nan_rows.any()):
+                out.masked_fill_(nan_rows, float("nan"))
     if any_softmax:
         out.copy_(torch.where(is_softmax, torch.softmax(x.to(out.dtype), dim=-1), out))
     if valid is not None:
@@ -90,18 +122,21 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
 
 
 class _NewtonOnNorm:
-    """Newton's method on F(tau) - 1 for the rows of z (see alpha_entmax_rows). Both searches
-    start at tau = -1 and return the last step; r = [z - tau]_+ and q = r^(n - 1) are left
-    from the last pass, at the tau before that step. With sync_free, they make a fixed
-    number of passes (SYNC_FREE_PASSES), each row frozen once converged."""
+    """Newton's method on F(tau) - 1 for the rows of z (see alpha_entmax_rows). z holds the
+    entries of `rows` (WholeRows: the block; SelectedEntries: some of its entries); scratch:
+    three tensors like z. r = [z - tau]_+ and q = r^(n - 1) are left from the last pass, at
+    the tau before the step it returns. With sync_free, the searches make a fixed number of
+    passes (SYNC_FREE_PASSES), each row frozen once converged."""
 
-    def __init__(self, z, am1, r, q, rq, sync_free):
-        self.z, self.am1, self.r, self.q, self.rq = z, am1, r, q, rq
+    def __init__(self, z, am1, rows, scratch, sync_free):
+        self.z, self.am1, self.rows = z, am1, rows
+        self.r, self.q, self.rq = scratch
         self.sync_free = sync_free
-        self.exponent = 1.0 / am1 - 1.0  # n - 1
+        exponent = 1.0 / am1 - 1.0  # n - 1
+        self.exponent = rows.spread(exponent)
         self.one_minus_am1 = 1.0 - am1
         # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
-        self.mask_zeros = sync_free or bool((self.exponent <= 0).any())
+        self.mask_zeros = sync_free or bool((exponent <= 0).any())
         self.tolerance = NEWTON_TOLERANCE[z.dtype]
 
     def passes(self, search):
@@ -113,20 +148,20 @@ class _NewtonOnNorm:
 
     def total_and_step(self, tau):
         """sum_i r_i^n (= sum p) and the Newton step (F - 1) / -F' at tau."""
-        torch.sub(self.z, tau, out=self.r).clamp_min_(0.0)
+        torch.sub(self.z, self.rows.spread(tau), out=self.r).clamp_min_(0.0)
         torch.pow(self.r, self.exponent, out=self.q)
         if self.mask_zeros:
             self.q.masked_fill_(self.r == 0, 0.0)
-        s1 = self.q.sum(dim=-1, keepdim=True)  # sum r^(n-1)
+        s1 = self.rows.sum(self.q)  # sum r^(n-1)
         # sum r^n, the product written into scratch: vecdot(q, r) would allocate a
         # block-sized temporary at every pass.
-        total = torch.mul(self.q, self.r, out=self.rq).sum(dim=-1, keepdim=True)
+        total = self.rows.sum(torch.mul(self.q, self.r, out=self.rq))
         # (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
         return total, (total - total.pow(self.one_minus_am1)).div_(s1)
 
-    def plain(self):
-        """For alpha <= 2, where the steps rise monotonically to the root."""
-        tau = torch.full_like(self.am1, -1.0)
+    def plain(self, tau):
+        """For alpha <= 2, where the steps rise monotonically to the root from any tau below
+        it (updated in place)."""
         for _ in range(self.passes("plain")):
             _, step = self.total_and_step(tau)
             converged = self.converged(step)
@@ -155,38 +190,80 @@ class _NewtonOnNorm:
             tau = torch.where(converged, tau, torch.where(outside, (lo + hi) / 2, new_tau))
         return step
 
+    def write_probabilities(self, step, out):
+        """p at tau + step into out (like z), from the last pass's r and q."""
+        # To first order: [r - n step]_+ r^(n-1), which leaves an error of order step^2
+        # instead of step (and costs no further power); then renormalise.
+        torch.sub(self.r, self.rows.spread(step / self.am1), out=out).clamp_min_(0.0).mul_(self.q)
+        out.div_(self.rows.spread(self.rows.sum(out)))
+
+
+def _lower_bound_of_tau(z, am1, scratch):
+    """A lower bound of each row's tau, at least -1 (the bound at z's row maximum, 0);
+    scratch: a block like z.
+
+    For a depth delta with c entries of the row above -delta, every tau <= -delta has
+    sum_i [z_i - tau]_+^n >= c (-delta - tau)^n, which is 1 at tau = -delta - c^(-am1):
+    the root lies above that. Each depth costs one comparison and one sum per entry.
+    """
+    tau = torch.full_like(am1, -1.0)
+    for depth in _BOUND_DEPTHS:
+        # The comparison written as 0/1 in the compute dtype: summing a bool block would
+        # first copy it to int64.
+        count = torch.gt(z, -depth, out=scratch).sum(dim=-1, keepdim=True)
+        torch.maximum(tau, -depth - count.pow(-am1), out=tau)
+    return tau
+
 
 def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s, product):
     """Gradient of the scores into grad_out; returns d loss / d alpha per row (or None).
-    log_p, s and product are scratch blocks (product holds g times another block, which
-    vecdot would allocate). On the sync-free path both branches that depend on alpha's
-    values are always taken."""
-    sync_free = uses_sync_free_path(p)
+    log_p, s and product are scratch blocks. On the early-exit path, when the support (with
+    NaN rows) is at most _CANDIDATE_SHARE of the block, the gradient is computed on it
+    alone."""
+    if not uses_sync_free_path(p):
+        support = few_selected(p != 0, _CANDIDATE_SHARE)
+        if support is not None:
+            p, g = support.gather(p), support.gather(g)
+            grad_support = torch.empty_like(p)
+            scratch = [torch.empty_like(p) for _ in range(3)]
+            result = _backward(p, g, grad_support, am1, need_alpha_grad, support, scratch, sync_free=False)
+            support.scatter(grad_support, grad_out)
+            return result
+    return _backward(p, g, grad_out, am1, need_alpha_grad, WHOLE_ROWS, (log_p, s, product), uses_sync_free_path(p))
+
+
+def _backward(p, g, grad_out, am1, need_alpha_grad, rows, scratch, sync_free):
+    """alpha_entmax_rows_backward on entry tensors of `rows` (see _NewtonOnNorm); scratch:
+    three tensors like p (product holds g times another one, which vecdot would allocate).
+    On the sync-free path both branches that depend on alpha's values are always taken."""
+    log_p, s, product = scratch
+    am1_entries = rows.spread(am1)
     # log p with p clamped to the smallest normal number: finite everywhere (and the log of
     # 0 is several times slower than that of a positive number).
     torch.clamp_min(p, torch.finfo(p.dtype).tiny, out=log_p).log_()
     # s = p^(2 - alpha) = p * exp(-am1 log p): exactly 0 where p = 0 ...
-    torch.mul(log_p, -am1, out=s).exp_().mul_(p)
+    torch.mul(log_p, -am1_entries, out=s).exp_().mul_(p)
     if sync_free or bool((am1 > 1).any()):  # ... unless alpha > 2, where exp overflows
         s.masked_fill_(p == 0, 0.0)
-    skewed_mean = sparse_map_backward(g, s, grad_out)  # sum g s / sum s = sum g p~
+    skewed_mean = sparse_map_backward(g, s, grad_out, rows)  # sum g s / sum s = sum g p~
     if not need_alpha_grad:
         return None
     # Proposition 1, with h = -p log p and H = sum h (both 0 off the support):
     # sum_i g_i [(p_i - p~_i) / am1^2 + (h_i - p~_i H) / am1].
     neg_h = torch.mul(p, log_p, out=s)  # p log p, 0 where p = 0 (log_p is finite)
-    entropy = -neg_h.sum(dim=-1, keepdim=True)
-    g_h = -torch.mul(g, neg_h, out=product).sum(dim=-1, keepdim=True)
-    g_p = torch.mul(g, p, out=product).sum(dim=-1, keepdim=True)
+    entropy = -rows.sum(neg_h)
+    g_h = -rows.sum(torch.mul(g, neg_h, out=product))
+    g_p = rows.sum(torch.mul(g, p, out=product))
     general = (g_p - skewed_mean) / am1.square() + (g_h - skewed_mean * entropy) / am1
     near_one = am1 < _NEAR_ONE_BELOW
     if not sync_free and not bool(near_one.any()):
         return general
     # (general is inf or NaN at am1 = 0; torch.where drops it there)
-    return torch.where(near_one, _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product), general)
+    near_one_gradient = _alpha_gradient_near_one(p, g, log_p, am1, am1_entries, g_p, g_h, entropy, product, rows)
+    return torch.where(near_one, near_one_gradient, general)
 
 
-def _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product):
+def _alpha_gradient_near_one(p, g, log_p, am1, am1_entries, g_p, g_h, entropy, product, rows):
     """Proposition 1's alpha gradient in a form without cancellation as alpha -> 1.
 
     With y = -am1 log p, p~ is p e^y / sum(p e^y). Expanding e^y = 1 + y + y^2 phi(y), with
@@ -196,13 +273,13 @@ def _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product):
     with c = p log(p)^2 phi(y), C = sum c, g_c = sum g c (g_p = sum g p, g_h = sum g h).
     At am1 = 0 it is the derivative at alpha = 1, (g_p sum(p log^2 p) - sum(g p log^2 p)) / 2.
     """
-    y = log_p * -am1  # >= 0, at most 0.44 (float32) or 3.5 (float64) below _NEAR_ONE_BELOW
+    y = log_p * -am1_entries  # >= 0, at most 0.44 (float32) or 3.5 (float64) below _NEAR_ONE_BELOW
     # phi by its series where expm1(y) - y would lose digits, by definition elsewhere.
     series = 0.5 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y / 5040))))
     phi = torch.where(y < 0.1, series, (torch.expm1(y) - y) / y.square())
     c = phi.mul_(p).mul_(log_p.square())
-    c_sum = c.sum(dim=-1, keepdim=True)
-    g_c = torch.mul(g, c, out=product).sum(dim=-1, keepdim=True)
+    c_sum = rows.sum(c)
+    g_c = rows.sum(torch.mul(g, c, out=product))
     return ((g_p * c_sum - g_c) + am1 * (g_h * c_sum - g_c * entropy)) / (1 + am1 * entropy + am1.square() * c_sum)
 
 
