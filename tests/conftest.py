@@ -15,7 +15,7 @@ from collections import namedtuple
 
 import pytest
 
-from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
+from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
 
 # Tests marked `slow` (deselected by `make test-fast`, i.e. `pytest -m "not slow"`): every test
 # that needs the session corpus or models below, directly or through a fixture of its own; every
@@ -84,59 +84,7 @@ def pytest_runtest_setup(item):
 TinyData = namedtuple("TinyData", "raw_dir data_bin")
 TrainedModel = namedtuple("TrainedModel", "checkpoint data_bin save_dir train_log normalizer")
 
-# 2+2 layers, width 32, 4 heads, 200 updates of ~200 tokens: trains in seconds and learns
-# the tiny corpus (unigram precision of beam search ~40-80%, BLEU ~5-30 by normalizer), so its
-# attention has structure. Small batches learn more per second here than large ones.
-TINY_MODEL_ARGS = [
-    "--arch",
-    "adaptively_sparse_transformer",
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-    "--share-all-embeddings",
-    "--dropout",
-    "0",
-]
-TRAINING_ARGS = [
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9, 0.98)",
-    "--lr",
-    "0.005",
-    "--lr-scheduler",
-    "fixed",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--max-tokens",
-    "200",
-    "--cpu",
-    "--seed",
-    "1",
-    "--log-format",
-    "json",
-    "--log-interval",
-    "10",
-    "--no-progress-bar",
-    "--no-epoch-checkpoints",
-    "--validate-interval",
-    "1000",
-    "--save-interval",
-    "1000",
-]
+# Updates of the session models (helpers.TINY_MODEL_ARGS and TRAINING_ARGS say the rest).
 TINY_MAX_UPDATE = 200
 # top-k keeps 3 keys: with the corpus' 3-10 token sentences the default k = 8 would rarely
 # drop any key.
@@ -171,28 +119,20 @@ def trained_model(tiny_data, tmp_path_factory):
     def train(normalizer):
         if normalizer not in trained:
             save_dir = tmp_path_factory.mktemp(f"trained_{normalizer}")
-            proc = run(
-                [
-                    fairseq_command("fairseq-train"),
-                    tiny_data.data_bin,
-                    "--user-dir",
-                    USER_DIR,
-                    *TINY_MODEL_ARGS,
-                    *TRAINING_ARGS,
-                    "--attention-normalizer",
-                    normalizer,
-                    *NORMALIZER_ARGS.get(normalizer, []),
-                    "--max-update",
-                    str(TINY_MAX_UPDATE),
-                    "--save-dir",
-                    save_dir,
-                ]
+            proc = train_tiny(
+                tiny_data.data_bin,
+                save_dir,
+                "--attention-normalizer",
+                normalizer,
+                *NORMALIZER_ARGS.get(normalizer, []),
+                "--max-update",
+                str(TINY_MAX_UPDATE),
             )
             trained[normalizer] = TrainedModel(
                 save_dir / "checkpoint_last.pt",
                 tiny_data.data_bin,
                 save_dir,
-                proc.stdout + proc.stderr,
+                proc.log,
                 normalizer,
             )
         return trained[normalizer]

@@ -2,6 +2,8 @@
 
 The tests run fairseq's console scripts (fairseq-preprocess, fairseq-train, ...) from the
 same virtual environment as pytest, with `--user-dir` pointing at the package, as a user would.
+The tiny models' fairseq-train arguments (TINY_MODEL_ARGS, TRAINING_ARGS) are here, for
+train_tiny; conftest imports them, and the test files import them from conftest.
 """
 
 import os
@@ -14,6 +16,62 @@ from pathlib import Path
 from fairseq_entmax import USER_DIR  # the tests import it from here too
 
 BIN_DIR = Path(sys.executable).parent
+
+# The tiny models of the tests (conftest's trained_model, and the tests that train their own).
+# 2+2 layers, width 32, 4 heads, 200 updates (conftest's TINY_MAX_UPDATE) of ~200 tokens: trains
+# in seconds and learns the tiny corpus (unigram precision of beam search ~40-80%, BLEU ~5-30 by
+# normalizer), so its attention has structure. Small batches learn more per second here than
+# large ones.
+TINY_MODEL_ARGS = [
+    "--arch",
+    "adaptively_sparse_transformer",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+    "--share-all-embeddings",
+    "--dropout",
+    "0",
+]
+TRAINING_ARGS = [
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr",
+    "0.005",
+    "--lr-scheduler",
+    "fixed",
+    "--criterion",
+    "label_smoothed_cross_entropy",
+    "--max-tokens",
+    "200",
+    "--cpu",
+    "--seed",
+    "1",
+    "--log-format",
+    "json",
+    "--log-interval",
+    "10",
+    "--no-progress-bar",
+    "--no-epoch-checkpoints",
+    "--validate-interval",
+    "1000",
+    "--save-interval",
+    "1000",
+]
 
 
 def fairseq_command(name):
@@ -42,6 +100,40 @@ def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
             f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
             f"--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
         )
+    return proc
+
+
+def train_tiny(data_bin, save_dir, *arguments, model_args=TINY_MODEL_ARGS, **run_options):
+    """Train a tiny model with fairseq-train --user-dir fairseq_entmax, as conftest's
+    trained_model does.
+
+    Args:
+        data_bin: the binarized corpus (conftest's tiny_data.data_bin).
+        save_dir: fairseq-train's --save-dir, where checkpoint_last.pt goes.
+        *arguments: the run's own fairseq-train arguments (normalizer, criterion,
+            --max-update, ...); they come after TRAINING_ARGS, and win over them.
+        model_args: the architecture and its sizes (default TINY_MODEL_ARGS).
+        **run_options: passed to run (check, ...).
+
+    Returns:
+        fairseq-train's finished process, as run returns it, with its stdout and stderr
+        joined as .log (the json log lines of --log-format json).
+    """
+    proc = run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            *model_args,
+            *TRAINING_ARGS,
+            "--save-dir",
+            save_dir,
+            *arguments,
+        ],
+        **run_options,
+    )
+    proc.log = proc.stdout + proc.stderr
     return proc
 
 

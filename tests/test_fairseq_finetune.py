@@ -13,8 +13,8 @@ import re
 import pytest
 import torch
 
-from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
-from helpers import USER_DIR, fairseq_command, run
+from conftest import TINY_MODEL_ARGS
+from helpers import USER_DIR, train_tiny
 
 # fairseq's own architecture with the tiny models' sizes.
 assert TINY_MODEL_ARGS[:2] == ["--arch", "adaptively_sparse_transformer"]
@@ -42,21 +42,8 @@ def softmax_checkpoint(tiny_data, tmp_path_factory):
     fine-tuning runs' does (docs/fairseq.md, "Every sentence evaluated"); the architecture
     and the checkpoint are fairseq's own."""
     save_dir = tmp_path_factory.mktemp("softmax_transformer")
-    proc = run(
-        [
-            fairseq_command("fairseq-train"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            *TRANSFORMER_ARGS,
-            *TRAINING_ARGS,
-            "--max-update",
-            str(PRETRAIN_UPDATES),
-            "--save-dir",
-            save_dir,
-        ]
-    )
-    (valid,) = json_records(proc.stdout + proc.stderr, "valid")
+    proc = train_tiny(tiny_data.data_bin, save_dir, "--max-update", str(PRETRAIN_UPDATES), model_args=TRANSFORMER_ARGS)
+    (valid,) = json_records(proc.log, "valid")
     return save_dir / "checkpoint_last.pt", float(valid["valid_loss"])
 
 
@@ -64,24 +51,7 @@ def fine_tune(tiny_data, save_dir, *args, check=True):
     """fairseq-train of the tiny adaptively_sparse_transformer with `args` (the checkpoint
     to start from, the normalizer, ...); returns fairseq-train's process, stdout and stderr
     joined as .log."""
-    proc = run(
-        [
-            fairseq_command("fairseq-train"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            *TINY_MODEL_ARGS,
-            *TRAINING_ARGS,
-            "--log-interval",
-            "1",
-            "--save-dir",
-            save_dir,
-            *args,
-        ],
-        check=check,
-    )
-    proc.log = proc.stdout + proc.stderr
-    return proc
+    return train_tiny(tiny_data.data_bin, save_dir, "--log-interval", "1", *args, check=check)
 
 
 def model_state(checkpoint):

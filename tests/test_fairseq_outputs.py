@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_command, run
+from helpers import USER_DIR, fairseq_command, run, train_tiny
 
 N_TEST = 40  # sentences of the tiny test set
 BEAM, NBEST = 5, 3
@@ -70,7 +70,7 @@ SPARSE_MODELS = ("entmax15_output_learned_alpha_attention", "sparsemax_output")
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_data, tiny_model_args, tmp_path_factory):
+def trained(tiny_data, tmp_path_factory):
     """Factory: trained(name) runs fairseq-train on the tiny corpus for TRAININGS[name], once per
     module, with a log line per update; returns (save_dir, log)."""
     done = {}
@@ -79,23 +79,11 @@ def trained(tiny_data, tiny_model_args, tmp_path_factory):
         if name not in done:
             arguments, updates = TRAININGS[name]
             save_dir = tmp_path_factory.mktemp(name)
-            proc = run(
-                [
-                    fairseq_command("fairseq-train"),
-                    tiny_data.data_bin,
-                    "--user-dir",
-                    USER_DIR,
-                    *tiny_model_args,  # (the options below come later and win)
-                    *arguments,
-                    "--log-interval",
-                    "1",
-                    "--max-update",
-                    str(updates),
-                    "--save-dir",
-                    save_dir,
-                ]
+            # (the options of TRAININGS[name] come after the tiny model's training options and win)
+            proc = train_tiny(
+                tiny_data.data_bin, save_dir, *arguments, "--log-interval", "1", "--max-update", str(updates)
             )
-            done[name] = (save_dir, proc.stdout + proc.stderr)
+            done[name] = (save_dir, proc.log)
         return done[name]
 
     return train
