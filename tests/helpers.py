@@ -149,8 +149,18 @@ def run_on_model(command, model, *arguments, **run_options):
     Returns:
         The finished process (subprocess.CompletedProcess), as run returns it.
     """
+    return run_on_checkpoint(command, model.data_bin, model.checkpoint, *arguments, **run_options)
+
+
+def run_on_checkpoint(command, data_bin, checkpoint, *arguments, **run_options):
+    """run_on_model for a checkpoint that conftest's `trained_model` did not train (a test's
+    own fairseq-train run): `command DATA-BIN --user-dir ... --path CHECKPOINT *arguments`.
+
+    Returns:
+        The finished process (subprocess.CompletedProcess), as run returns it.
+    """
     return run(
-        [fairseq_command(command), model.data_bin, "--user-dir", USER_DIR, "--path", model.checkpoint, *arguments],
+        [fairseq_command(command), data_bin, "--user-dir", USER_DIR, "--path", checkpoint, *arguments],
         **run_options,
     )
 

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_command, run, train_tiny
+from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint, train_tiny
 
 N_TEST = 40  # sentences of the tiny test set
 BEAM, NBEST = 5, 3
@@ -193,24 +193,19 @@ def test_score_reference_with_sparse_outputs(trained, tiny_data):
 def test_interactive_with_sparse_outputs(trained, tiny_data):
     save_dir, _ = trained("entmax15_output_learned_alpha_attention")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:4]
-    output = run(
-        [
-            fairseq_command("fairseq-interactive"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            save_dir / "checkpoint_last.pt",
-            "--beam",
-            str(BEAM),
-            "--nbest",
-            str(NBEST),
-            "--cpu",
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-        ],
+    output = run_on_checkpoint(
+        "fairseq-interactive",
+        tiny_data.data_bin,
+        save_dir / "checkpoint_last.pt",
+        "--beam",
+        str(BEAM),
+        "--nbest",
+        str(NBEST),
+        "--cpu",
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
         input="\n".join(sources) + "\n",
     ).stdout
     found = hypotheses_by_sentence(output)
