@@ -241,15 +241,23 @@ class SelectedEntries:
     early-exit path only.
 
     Args:
-        selected: an (m, d) bool mask.
+        index: the selected entries' positions in the flattened block, in increasing order.
         counts: the number of selected entries of each row, (m,) integer.
     """
 
-    def __init__(self, selected, counts):
-        self.index = selected.reshape(-1).nonzero().squeeze(1)
+    def __init__(self, index, counts):
+        self.index = index
         self.counts = counts
         rows = torch.arange(len(counts), device=counts.device)
-        self.rows = torch.repeat_interleave(rows, counts, output_size=len(self.index))
+        self.rows = torch.repeat_interleave(rows, counts, output_size=len(index))
+
+    def narrowed(self, keep):
+        """The SelectedEntries of these where the 1-D bool tensor keep (an entry tensor) holds."""
+        kept = keep.nonzero().squeeze(1)
+        return SelectedEntries(
+            self.index.index_select(0, kept),
+            torch.bincount(self.rows.index_select(0, kept), minlength=len(self.counts)),
+        )
 
     def gather(self, block):
         """The selected entries of an (m, d) block, 1-D."""
@@ -274,20 +282,19 @@ def few_selected(selected, share):
     counts = selected.view(torch.uint8).sum(dim=-1)
     if int(counts.sum()) > share * selected.numel():
         return None
-    return SelectedEntries(selected, counts)
+    return SelectedEntries(selected.reshape(-1).nonzero().squeeze(1), counts)
 
 
-def sparse_map_backward(g, s, grad_out, rows=WHOLE_ROWS):
+def sparse_map_backward(g, s, grad_out):
     """VJP of a map whose Jacobian is diag(s) - s s^T / sum(s), written into grad_out.
 
     Used by sparsemax and entmax (s = p^(2 - alpha) on the support, 0 off it): masked and
     zero-weight entries get gradient exactly 0, and so do rows with sum(s) = 0 (fully
-    masked). Returns sum(s * g) / sum(s), which the alpha gradient reuses. g, s and
-    grad_out are entry tensors of `rows` (WholeRows or SelectedEntries).
+    masked). Returns sum(s * g) / sum(s), which the alpha gradient reuses.
     """
     torch.mul(s, g, out=grad_out)
-    skewed_mean = rows.sum(grad_out) / rows.sum(s).clamp_min_(1e-30)
-    grad_out.addcmul_(s, rows.spread(skewed_mean), value=-1.0)
+    skewed_mean = grad_out.sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True).clamp_min_(1e-30)
+    grad_out.addcmul_(s, skewed_mean, value=-1.0)
     return skewed_mean
 
 

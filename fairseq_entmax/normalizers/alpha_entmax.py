@@ -39,9 +39,9 @@ _MAX_PASSES = 64
 SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
 # On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
-# entries above a lower bound of tau, a superset of the support), and the backward on the
-# support alone, when they are at most this share of a block: selecting them costs about
-# what one pass over the whole block does, and each pass on fewer entries saves the rest.
+# entries above a lower bound of tau, a superset of the support) when they are at most this
+# share of a block: selecting them costs about what one pass over the whole block does
+# (measured in docs/normalizers.md).
 _CANDIDATE_SHARE = 0.5
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
 _BOUND_DEPTHS = (0.25, 0.5)
@@ -104,13 +104,15 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
             newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
             newton.write_probabilities(newton.plain(tau), out)
         else:
-            z_candidates = candidates.gather(z)
-            scratch = [torch.empty_like(z_candidates) for _ in range(3)]
-            newton = _NewtonOnNorm(z_candidates, am1, candidates, scratch, sync_free)
+            # One pass on the candidates brings tau closer to the root; the entries still
+            # above it are the candidates of the passes that follow.
+            newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+            newton.plain(tau, passes=1)
+            candidates = candidates.narrowed(newton.z > candidates.spread(tau))
+            newton = _NewtonOnNorm.on_selected(z, am1, candidates)
             step = newton.plain(tau)
-            p = scratch[2]
-            newton.write_probabilities(step, p)
-            candidates.scatter(p, out)
+            newton.write_probabilities(step, newton.rq)
+            candidates.scatter(newton.rq, out)
             # A row with a NaN score has no candidates, and a NaN step.
             nan_rows = torch.isnan(step)
             if bool(nan_rows.any()):
@@ -139,6 +141,12 @@ class _NewtonOnNorm:
         self.mask_zeros = sync_free or bool((exponent <= 0).any())
         self.tolerance = NEWTON_TOLERANCE[z.dtype]
 
+    @classmethod
+    def on_selected(cls, z, am1, selected):
+        """On the early-exit path, over the SelectedEntries `selected` of the block z."""
+        z = selected.gather(z)
+        return cls(z, am1, selected, [torch.empty_like(z) for _ in range(3)], sync_free=False)
+
     def passes(self, search):
         return SYNC_FREE_PASSES[search] if self.sync_free else _MAX_PASSES
 
@@ -159,10 +167,10 @@ class _NewtonOnNorm:
         # (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
         return total, (total - total.pow(self.one_minus_am1)).div_(s1)
 
-    def plain(self, tau):
+    def plain(self, tau, passes=None):
         """For alpha <= 2, where the steps rise monotonically to the root from any tau below
-        it (updated in place)."""
-        for _ in range(self.passes("plain")):
+        it (updated in place); passes: at most this many (default: those of the path)."""
+        for _ in range(passes or self.passes("plain")):
             _, step = self.total_and_step(tau)
             converged = self.converged(step)
             if not self.sync_free and bool(converged.all()):
@@ -217,53 +225,35 @@ def _lower_bound_of_tau(z, am1, scratch):
 
 def alpha_entmax_rows_backward(p, g, grad_out, am1, need_alpha_grad, log_p, s, product):
     """Gradient of the scores into grad_out; returns d loss / d alpha per row (or None).
-    log_p, s and product are scratch blocks. On the early-exit path, when the support (with
-    NaN rows) is at most _CANDIDATE_SHARE of the block, the gradient is computed on it
-    alone."""
-    if not uses_sync_free_path(p):
-        support = few_selected(p != 0, _CANDIDATE_SHARE)
-        if support is not None:
-            p, g = support.gather(p), support.gather(g)
-            grad_support = torch.empty_like(p)
-            scratch = [torch.empty_like(p) for _ in range(3)]
-            result = _backward(p, g, grad_support, am1, need_alpha_grad, support, scratch, sync_free=False)
-            support.scatter(grad_support, grad_out)
-            return result
-    return _backward(p, g, grad_out, am1, need_alpha_grad, WHOLE_ROWS, (log_p, s, product), uses_sync_free_path(p))
-
-
-def _backward(p, g, grad_out, am1, need_alpha_grad, rows, scratch, sync_free):
-    """alpha_entmax_rows_backward on entry tensors of `rows` (see _NewtonOnNorm); scratch:
-    three tensors like p (product holds g times another one, which vecdot would allocate).
-    On the sync-free path both branches that depend on alpha's values are always taken."""
-    log_p, s, product = scratch
-    am1_entries = rows.spread(am1)
+    log_p, s and product are scratch blocks (product holds g times another block, which
+    vecdot would allocate). On the sync-free path both branches that depend on alpha's
+    values are always taken."""
+    sync_free = uses_sync_free_path(p)
     # log p with p clamped to the smallest normal number: finite everywhere (and the log of
     # 0 is several times slower than that of a positive number).
     torch.clamp_min(p, torch.finfo(p.dtype).tiny, out=log_p).log_()
     # s = p^(2 - alpha) = p * exp(-am1 log p): exactly 0 where p = 0 ...
-    torch.mul(log_p, -am1_entries, out=s).exp_().mul_(p)
+    torch.mul(log_p, -am1, out=s).exp_().mul_(p)
     if sync_free or bool((am1 > 1).any()):  # ... unless alpha > 2, where exp overflows
         s.masked_fill_(p == 0, 0.0)
-    skewed_mean = sparse_map_backward(g, s, grad_out, rows)  # sum g s / sum s = sum g p~
+    skewed_mean = sparse_map_backward(g, s, grad_out)  # sum g s / sum s = sum g p~
     if not need_alpha_grad:
         return None
     # Proposition 1, with h = -p log p and H = sum h (both 0 off the support):
     # sum_i g_i [(p_i - p~_i) / am1^2 + (h_i - p~_i H) / am1].
     neg_h = torch.mul(p, log_p, out=s)  # p log p, 0 where p = 0 (log_p is finite)
-    entropy = -rows.sum(neg_h)
-    g_h = -rows.sum(torch.mul(g, neg_h, out=product))
-    g_p = rows.sum(torch.mul(g, p, out=product))
+    entropy = -neg_h.sum(dim=-1, keepdim=True)
+    g_h = -torch.mul(g, neg_h, out=product).sum(dim=-1, keepdim=True)
+    g_p = torch.mul(g, p, out=product).sum(dim=-1, keepdim=True)
     general = (g_p - skewed_mean) / am1.square() + (g_h - skewed_mean * entropy) / am1
     near_one = am1 < _NEAR_ONE_BELOW
     if not sync_free and not bool(near_one.any()):
         return general
     # (general is inf or NaN at am1 = 0; torch.where drops it there)
-    near_one_gradient = _alpha_gradient_near_one(p, g, log_p, am1, am1_entries, g_p, g_h, entropy, product, rows)
-    return torch.where(near_one, near_one_gradient, general)
+    return torch.where(near_one, _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product), general)
 
 
-def _alpha_gradient_near_one(p, g, log_p, am1, am1_entries, g_p, g_h, entropy, product, rows):
+def _alpha_gradient_near_one(p, g, log_p, am1, g_p, g_h, entropy, product):
     """Proposition 1's alpha gradient in a form without cancellation as alpha -> 1.
 
     With y = -am1 log p, p~ is p e^y / sum(p e^y). Expanding e^y = 1 + y + y^2 phi(y), with
@@ -273,13 +263,13 @@ def _alpha_gradient_near_one(p, g, log_p, am1, am1_entries, g_p, g_h, entropy, p
     with c = p log(p)^2 phi(y), C = sum c, g_c = sum g c (g_p = sum g p, g_h = sum g h).
     At am1 = 0 it is the derivative at alpha = 1, (g_p sum(p log^2 p) - sum(g p log^2 p)) / 2.
     """
-    y = log_p * -am1_entries  # >= 0, at most 0.44 (float32) or 3.5 (float64) below _NEAR_ONE_BELOW
+    y = log_p * -am1  # >= 0, at most 0.44 (float32) or 3.5 (float64) below _NEAR_ONE_BELOW
     # phi by its series where expm1(y) - y would lose digits, by definition elsewhere.
     series = 0.5 + y * (1 / 6 + y * (1 / 24 + y * (1 / 120 + y * (1 / 720 + y / 5040))))
     phi = torch.where(y < 0.1, series, (torch.expm1(y) - y) / y.square())
     c = phi.mul_(p).mul_(log_p.square())
-    c_sum = rows.sum(c)
-    g_c = rows.sum(torch.mul(g, c, out=product))
+    c_sum = c.sum(dim=-1, keepdim=True)
+    g_c = torch.mul(g, c, out=product).sum(dim=-1, keepdim=True)
     return ((g_p * c_sum - g_c) + am1 * (g_h * c_sum - g_c * entropy)) / (1 + am1 * entropy + am1.square() * c_sum)
 
 
