@@ -276,13 +276,17 @@ class SelectedEntries:
         return row_values.reshape(-1).index_select(0, self.rows)
 
 
-def few_selected(selected, share):
-    """SelectedEntries of the (m, d) bool mask `selected` when it selects at most `share`
-    of the block's entries (reads that number back: early-exit path only), else None."""
-    counts = selected.view(torch.uint8).sum(dim=-1)
-    if int(counts.sum()) > share * selected.numel():
+def select_above(values, thresholds, share, scratch):
+    """SelectedEntries of the entries of the (m, d) block `values` above their row's
+    threshold ((m, 1); +inf selects nothing of a row) when they are at most `share` of the
+    block, else None. scratch: a block like values. Reads that number back: early-exit
+    path only."""
+    # The comparison written as 0/1 in values' dtype: a bool result costs several times more.
+    above = torch.gt(values, thresholds, out=scratch)
+    counts = above.sum(dim=-1)
+    if float(counts.sum()) > share * above.numel():
         return None
-    return SelectedEntries(selected.reshape(-1).nonzero().squeeze(1), counts)
+    return SelectedEntries(above.bool().view(-1).nonzero().squeeze(1), counts.long())
 
 
 def sparse_map_backward(g, s, grad_out):

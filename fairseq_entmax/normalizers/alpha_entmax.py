@@ -16,9 +16,9 @@ from fairseq_entmax.normalizers._common import (
     check_scores,
     check_values,
     compute_dtype,
-    few_selected,
     map_rows,
     map_rows_backward,
+    select_above,
     shift_rows,
     sparse_map_backward,
     uses_sync_free_path,
@@ -96,10 +96,8 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
         tau = _lower_bound_of_tau(z, am1, scratch=r)
         candidates = None
         if not sync_free:
-            above = z > tau
-            if valid is not None:
-                above &= valid
-            candidates = few_selected(above, _CANDIDATE_SHARE)
+            threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
+            candidates = select_above(z, threshold, _CANDIDATE_SHARE, scratch=r)
         if candidates is None:
             newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
             newton.write_probabilities(newton.plain(tau), out)
