@@ -42,6 +42,25 @@ SLOW_TESTS = {
 }
 
 
+# Under pytest-xdist (make test runs it with --dist loadgroup), the tests of each of these
+# modules go to one worker, which then runs their module-scoped fixture (a recipe, quickstart
+# or training run of up to minutes) once; every other test is scheduled on its own.
+MODULES_WITH_SHARED_FIXTURES = {
+    "test_analysis_models",
+    "test_analysis_training_log",
+    "test_attention_layer_edges",
+    "test_evaluation_batches",
+    "test_fairseq_finetune",
+    "test_fairseq_interactive_hub",
+    "test_fairseq_option_wiring",
+    "test_fairseq_outputs",
+    "test_long_inputs",
+    "test_quickstart",
+    "test_recipes",
+    "test_reproduction",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.path.stem
@@ -53,11 +72,33 @@ def pytest_collection_modifyitems(config, items):
             or name in SLOW_TESTS
         ):
             item.add_marker(pytest.mark.slow)
-        # Under pytest-xdist (make test runs it), the tests that share a module-scoped fixture
-        # (a recipe or quickstart run of minutes) go to one worker, which runs it once.
         fixture_defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-        if any(defs[-1].scope == "module" for defs in fixture_defs.values()):
-            item.add_marker(pytest.mark.xdist_group(name=module))
+        if module not in MODULES_WITH_SHARED_FIXTURES and any(
+            defs[-1].scope == "module" for defs in fixture_defs.values()
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses a module-scoped fixture: add {module} to conftest's "
+                "MODULES_WITH_SHARED_FIXTURES, so that pytest-xdist runs it once"
+            )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadgroup, the scheduling of MODULES_WITH_SHARED_FIXTURES above.
+
+    xdist's own loadgroup takes its groups from a suffix that its xdist_group mark appends to
+    the node id, which pytest 9.2 ignores (Node.nodeid is no longer read from _nodeid): every
+    test was scheduled alone and the recipe and reproduction runs were made on both workers.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            path = nodeid.split("::", 1)[0]
+            return path if os.path.splitext(os.path.basename(path))[0] in MODULES_WITH_SHARED_FIXTURES else nodeid
+
+    return SharedFixtureModules(config, log)
 
 
 def pytest_configure(config):
