@@ -1,9 +1,9 @@
 """The paths of the normalizers that tests run on the CPU, each as a context manager.
 
 early_exit: the CPU's default. alpha_entmax there computes on the selected entries of a
-block (the candidates of the support, in backward the support) when they are few, and on
-whole rows otherwise; early_exit_selected forces the selection whatever its share, so that
-small test rows reach it. sync_free: what GPUs and torch.compile run.
+block (the candidates of the support) when the rows are long and the candidates few, and on
+whole rows otherwise; early_exit_selected forces the selection whatever the row length and
+share, so that small test rows reach it. sync_free: what GPUs and torch.compile run.
 """
 
 import contextlib
@@ -17,7 +17,7 @@ from fairseq_entmax.normalizers import sync_free
 def early_exit_selected():
     """The early-exit path with alpha_entmax always on selected entries."""
     module = sys.modules["fairseq_entmax.normalizers.alpha_entmax"]
-    with mock.patch.object(module, "_CANDIDATE_SHARE", 1.0):
+    with mock.patch.object(module, "_CANDIDATE_SHARE", 1.0), mock.patch.object(module, "_SELECT_FROM_KEYS", 1):
         yield
 
 

@@ -41,8 +41,10 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 # On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
 # entries above a lower bound of tau, a superset of the support) when they are at most this
 # share of a block: selecting them costs about what one pass over the whole block does
-# (measured in docs/normalizers.md).
+# (measured in docs/normalizers.md). Rows shorter than _SELECT_FROM_KEYS keep whole rows: on
+# them, as in a decoding step, the operations that select cost more than the passes save.
 _CANDIDATE_SHARE = 0.5
+_SELECT_FROM_KEYS = 80
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
 _BOUND_DEPTHS = (0.25, 0.5)
 
@@ -93,9 +95,10 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
         newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
         newton.write_probabilities(newton.safeguarded(), out)
     else:
-        tau = _lower_bound_of_tau(z, am1, scratch=r)
+        tau = torch.full_like(am1, -1.0)
         candidates = None
-        if not sync_free:
+        if not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
+            tau = _lower_bound_of_tau(z, am1, scratch=r)
             threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
             candidates = select_above(z, threshold, _CANDIDATE_SHARE, scratch=r)
         if candidates is None:
