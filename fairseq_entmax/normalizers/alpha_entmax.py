@@ -41,7 +41,7 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 # On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
 # entries above a lower bound of tau, a superset of the support) when they are at most this
 # share of a block: selecting them costs about what one pass over the whole block does
-# (measured in docs/normalizers.md). Rows shorter than _SELECT_FROM_KEYS keep whole rows: on
+# (selection overheads in benchmarks/RESULTS.md). Rows shorter than _SELECT_FROM_KEYS keep whole rows: on
 # them, as in a decoding step, the operations that select cost more than the passes save.
 _CANDIDATE_SHARE = 0.5
 _SELECT_FROM_KEYS = 80
@@ -68,11 +68,12 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     Rows with am1 == 0 are softmax. Otherwise, with z = am1 * x (row max 0) and
     n = 1 / am1, tau solves sum_i [z_i - tau]_+^n = 1. Newton's method runs on the norm
     F(tau) = ||[z - tau]_+||_n: for alpha <= 2 (n >= 1) F is convex and decreasing, so from
-    any tau below the root (here _lower_bound_of_tau) the steps rise monotonically to the
+    any tau below the root (-1, or _lower_bound_of_tau) the steps rise monotonically to the
     root without passing it, nearly linearly far from it (F is exactly linear while one
     entry is in the support) and quadratically near it; 4 to 7 passes for attention rows.
-    On the early-exit path those passes run on the candidates alone, the entries above the
-    lower bound, when they are few (_CANDIDATE_SHARE). For alpha > 2 the monotone rise is
+    On the early-exit path, in rows of _SELECT_FROM_KEYS keys or more, the search starts
+    from the lower bound and its passes run on the candidates alone, the entries above it,
+    when they are few (_CANDIDATE_SHARE). For alpha > 2 the monotone rise is
     lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
@@ -91,33 +92,29 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     # The plain loop has less than half the operations of the safeguarded one, and their
     # number is what a call on a few short rows (a decoding step) costs.
     plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
-    if not plain:
+    tau = torch.full_like(am1, -1.0)
+    candidates = None
+    if plain and not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
+        tau = _lower_bound_of_tau(z, am1, scratch=r)
+        threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
+        candidates = select_above(z, threshold, _CANDIDATE_SHARE, scratch=r)
+    if candidates is None:
         newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
-        newton.write_probabilities(newton.safeguarded(), out)
+        newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
     else:
-        tau = torch.full_like(am1, -1.0)
-        candidates = None
-        if not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
-            tau = _lower_bound_of_tau(z, am1, scratch=r)
-            threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
-            candidates = select_above(z, threshold, _CANDIDATE_SHARE, scratch=r)
-        if candidates is None:
-            newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
-            newton.write_probabilities(newton.plain(tau), out)
-        else:
-            # One pass on the candidates brings tau closer to the root; the entries still
-            # above it are the candidates of the passes that follow.
-            newton = _NewtonOnNorm.on_selected(z, am1, candidates)
-            newton.plain(tau, passes=1)
-            candidates = candidates.narrowed(newton.z > candidates.spread(tau))
-            newton = _NewtonOnNorm.on_selected(z, am1, candidates)
-            step = newton.plain(tau)
-            newton.write_probabilities(step, newton.rq)
-            candidates.scatter(newton.rq, out)
-            # A row with a NaN score has no candidates, and a NaN step.
-            nan_rows = torch.isnan(step)
-            if bool(nan_rows.any()):
-                out.masked_fill_(nan_rows, float("nan"))
+        # One pass on the candidates brings tau closer to the root; the entries still
+        # above it are the candidates of the passes that follow.
+        newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+        newton.plain(tau, passes=1)
+        candidates = candidates.narrowed(newton.z > candidates.spread(tau))
+        newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+        step = newton.plain(tau)
+        newton.write_probabilities(step, newton.rq)
+        candidates.scatter(newton.rq, out)
+        # A row with a NaN score has no candidates, and a NaN step.
+        nan_rows = torch.isnan(step)
+        if bool(nan_rows.any()):
+            out.masked_fill_(nan_rows, float("nan"))
     if any_softmax:
         out.copy_(torch.where(is_softmax, torch.softmax(x.to(out.dtype), dim=-1), out))
     if valid is not None:
