@@ -7,6 +7,7 @@ share, so that small test rows reach it. sync_free: what GPUs and torch.compile 
 """
 
 import contextlib
+import math
 import sys
 from unittest import mock
 
@@ -17,7 +18,7 @@ from fairseq_entmax.normalizers import sync_free
 def early_exit_selected():
     """The early-exit path with alpha_entmax always on selected entries."""
     module = sys.modules["fairseq_entmax.normalizers.alpha_entmax"]
-    with mock.patch.object(module, "_CANDIDATE_SHARE", 1.0), mock.patch.object(module, "_SELECT_FROM_KEYS", 1):
+    with mock.patch.object(module, "_CANDIDATE_SHARE", math.inf), mock.patch.object(module, "_SELECT_FROM_KEYS", 1):
         yield
 
 

@@ -40,9 +40,11 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
 # On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
 # entries above a lower bound of tau, a superset of the support) when they are at most this
-# share of a block: selecting them costs about what one pass over the whole block does
-# (selection overheads in benchmarks/RESULTS.md). Rows shorter than _SELECT_FROM_KEYS keep whole rows: on
-# them, as in a decoding step, the operations that select cost more than the passes save.
+# share of a block, divided by torch's number of threads: selecting them costs about what
+# one pass over the whole block does, and the operations on selected entries run on one
+# thread where the passes over whole rows share out (measurements in benchmarks/RESULTS.md).
+# Rows shorter than _SELECT_FROM_KEYS keep whole rows: on them, as in a decoding step, the
+# operations that select cost more than the passes save.
 _CANDIDATE_SHARE = 0.5
 _SELECT_FROM_KEYS = 80
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
@@ -73,7 +75,7 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     entry is in the support) and quadratically near it; 4 to 7 passes for attention rows.
     On the early-exit path, in rows of _SELECT_FROM_KEYS keys or more, the search starts
     from the lower bound and its passes run on the candidates alone, the entries above it,
-    when they are few (_CANDIDATE_SHARE). For alpha > 2 the monotone rise is
+    when they are few (_CANDIDATE_SHARE per thread). For alpha > 2 the monotone rise is
     lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
@@ -97,7 +99,7 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     if plain and not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
         tau = _lower_bound_of_tau(z, am1, scratch=r)
         threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
-        candidates = select_above(z, threshold, _CANDIDATE_SHARE, scratch=r)
+        candidates = select_above(z, threshold, _CANDIDATE_SHARE / torch.get_num_threads(), scratch=r)
     if candidates is None:
         newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
         newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
