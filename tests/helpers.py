@@ -2,8 +2,9 @@
 
 The tests run fairseq's console scripts (fairseq-preprocess, fairseq-train, ...) from the
 same virtual environment as pytest, with `--user-dir` pointing at the package, as a user would.
-The tiny models' fairseq-train arguments (TINY_MODEL_ARGS, TRAINING_ARGS) are here, for
-train_tiny; conftest imports them, and the test files import them from conftest.
+The tiny models' fairseq-train arguments (TINY_MODEL_ARGS, OPTIMIZATION_ARGS, TRAINING_ARGS)
+are here, for train_tiny; conftest imports the first and the last, and most test files import
+them from conftest.
 """
 
 import os
@@ -45,7 +46,9 @@ TINY_MODEL_ARGS = [
     "--dropout",
     "0",
 ]
-TRAINING_ARGS = [
+# How every tiny model is optimised (test_evaluation_batches trains a plain transformer
+# with these too, in its own batches).
+OPTIMIZATION_ARGS = [
     "--optimizer",
     "adam",
     "--adam-betas",
@@ -56,11 +59,14 @@ TRAINING_ARGS = [
     "fixed",
     "--criterion",
     "label_smoothed_cross_entropy",
-    "--max-tokens",
-    "200",
     "--cpu",
     "--seed",
     "1",
+]
+TRAINING_ARGS = [
+    *OPTIMIZATION_ARGS,
+    "--max-tokens",
+    "200",
     "--log-format",
     "json",
     "--log-interval",

@@ -15,7 +15,7 @@ import re
 import pytest
 
 from conftest import TINY_MODEL_ARGS
-from helpers import USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
+from helpers import OPTIMIZATION_ARGS, USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
 
 N = 20  # sentences in each split: 16 + a last batch of 4 that fairseq drops
 FAIRSEQ_DROPS_TO = 16
@@ -27,17 +27,7 @@ TRAINING_ARGS = [
     "--arch",
     "transformer",
     *TINY_MODEL_ARGS[2:],
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.005",
-    "--lr-scheduler",
-    "fixed",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--cpu",
-    "--seed",
-    "1",
+    *OPTIMIZATION_ARGS,
     # 20 training sentences in batches of 8: 8 + 8 + 4, fairseq's trainer drops the 4.
     # One validation batch of up to 20 sentences: plain fairseq cuts it to 16.
     "--batch-size",
