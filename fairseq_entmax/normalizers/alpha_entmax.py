@@ -94,12 +94,13 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     # The plain loop has less than half the operations of the safeguarded one, and their
     # number is what a call on a few short rows (a decoding step) costs.
     plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
-    tau = torch.full_like(am1, -1.0)
     candidates = None
     if plain and not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
         tau = _lower_bound_of_tau(z, am1, scratch=r)
         threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
         candidates = select_above(z, threshold, _CANDIDATE_SHARE / torch.get_num_threads(), scratch=r)
+    else:
+        tau = torch.full_like(am1, -1.0)
     if candidates is None:
         newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
         newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
