@@ -4,7 +4,6 @@ training. In process, nothing trained (tests/test_quickstart.py runs the script 
 
 import pytest
 
-from examples.pipeline.training import VARIANTS
 from examples.quickstart import quickstart
 from examples.quickstart.quickstart import (
     OWN_CORPUS,
@@ -61,12 +60,12 @@ def test_training_tokens_are_the_longer_side_plus_end_of_sentence(tmp_path):
 
 
 def test_plan_states_the_sizes_and_the_estimate_and_names_max_update(monkeypatch):
-    monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(VARIANTS, 0.5))
+    monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(quickstart.MODELS, 0.5))
     monkeypatch.setattr(quickstart, "SECONDS_PER_TEST_SENTENCE", 0.1)
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=1300)
     # 4 x (1300 x 0.5 + 1305 x 0.1) = 3122 s
-    assert estimated_seconds(1300, VARIANTS, 1305) == pytest.approx(3122.0)
-    plan = "\n".join(own_corpus_plan(size, 16_000, 434_307, VARIANTS, 1305, max_update_given=False))
+    assert estimated_seconds(1300, quickstart.MODELS, 1305) == pytest.approx(3122.0)
+    plan = "\n".join(own_corpus_plan(size, 16_000, 434_307, quickstart.MODELS, 1305, max_update_given=False))
     assert "8000 BPE merges" in plan and "1300 updates of 2048 tokens per model" in plan
     assert "6.1 passes over the training data (6 passes rounded up to the hundred, 300 to 1600)" in plan
     assert "about 52m02s for 4 model(s) (13m00s each" in plan and "--max-update N" in plan
@@ -80,7 +79,7 @@ def test_plan_states_the_sizes_and_the_estimate_and_names_max_update(monkeypatch
 def test_measured_rates_are_filled_in_and_the_demo_sizes_are_unchanged():
     """The estimate uses measured rates (docs/recipes.md), and the toy pair keeps the sizes
     whose table the docs record."""
-    assert set(quickstart.SECONDS_PER_UPDATE) == set(VARIANTS)
+    assert set(quickstart.SECONDS_PER_UPDATE) == set(quickstart.MODELS)
     assert all(rate > 0 for rate in quickstart.SECONDS_PER_UPDATE.values())
     assert quickstart.SECONDS_PER_TEST_SENTENCE > 0
     assert SIZES["demo"]["bpe_merges"] == 300 and SIZES["demo"]["max_update"] == 200

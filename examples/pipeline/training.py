@@ -11,7 +11,7 @@ from pathlib import Path
 from .markers import done_with, is_done, mark_done, read_done
 from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
 
-VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+VARIANTS = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
 
 
 @dataclass
@@ -60,8 +60,8 @@ def variant_args(variant, topk):
     """
     if variant == "softmax":
         return ["--attention-normalizer", "softmax"]
-    if variant == "entmax15":
-        return ["--attention-normalizer", "entmax15"]
+    if variant in ("sparsemax", "entmax15"):
+        return ["--attention-normalizer", variant]
     if variant == "alpha_entmax":
         # The paper: one alpha per head, layer and attention type, initialised at random.
         return ["--attention-normalizer", "alpha_entmax", "--alpha-init", "random"]

@@ -162,7 +162,7 @@ def parse_args(argv=None):
         nargs="+",
         default=list(PAPER_VARIANTS),
         choices=VARIANTS,
-        help="attention variants (default: the paper's three; add topk for k = 8)",
+        help="attention variants (default: the paper's three; topk is k = 8; sparsemax for the speed comparison)",
     )
     parser.add_argument(
         "--data",
