@@ -40,7 +40,10 @@ from pathlib import Path
 import torch
 
 from fairseq_entmax import USER_DIR
-from fairseq_entmax.names import model_size_args
+
+# The repository root: model_size_args is the examples' (examples/pipeline/training.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.pipeline.training import model_size_args  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"

@@ -1,13 +1,5 @@
-"""Names shared by the fairseq layer, its training log, the analysis and the recipes.
-
-The attention types, the names of the alpha metrics the model logs, and fairseq's model-size
-options are each written here once. This module imports nothing itself, but importing it runs
-fairseq_entmax/__init__.py first, which imports fairseq (seconds) when it is installed: fairseq's
---user-dir imports only the package, and skips a package already imported, so the models must
-register on the package's import, and no import of a submodule can avoid that. Code that must
-not wait for fairseq (the recipes' stages that only check what is done) imports names inside
-the function that needs it.
-"""
+"""Names shared by the fairseq layer, its training log and the analysis: the attention types and
+the names of the alpha metrics the model logs, each written here once."""
 
 import re
 
@@ -28,9 +20,6 @@ ALPHA_STATISTICS = ("mean", "min", "max")
 _ALPHA_METRIC = re.compile(
     r"^alpha_(" + "|".join(ATTENTION_TYPES) + r")_(?:(" + "|".join(ALPHA_STATISTICS) + r")|L(\d+)_H(\d+))$"
 )
-
-# fairseq's Transformer size options, each given once for the encoder and once for the decoder.
-MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
 
 
 def alpha_metric_name(attention_type, statistic):
@@ -79,23 +68,3 @@ def parse_alpha_metric_name(name):
     if statistic is None:
         return attention_type, "head", int(layer), int(head)
     return attention_type, statistic, None, None
-
-
-def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
-    """fairseq-train arguments that give the encoder and the decoder the same size.
-
-    Args:
-        layers: number of layers of each.
-        embed_dim: width of the embeddings and of the attention.
-        ffn_embed_dim: width of the feed-forward layers.
-        attention_heads: heads of every attention.
-
-    Returns:
-        A list: --encoder-layers N --decoder-layers N --encoder-embed-dim D ..., in the order
-        of MODEL_SIZE_OPTIONS, each value as given (str() them for a command line, as
-        subprocess runners do; kept as given so that recorded settings do not change type).
-    """
-    arguments = []
-    for option, value in zip(MODEL_SIZE_OPTIONS, (layers, embed_dim, ffn_embed_dim, attention_heads)):
-        arguments += [f"--encoder-{option}", value, f"--decoder-{option}", value]
-    return arguments

@@ -13,6 +13,9 @@ from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
 
 VARIANTS = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
 
+# fairseq's Transformer size options, each given once for the encoder and once for the decoder.
+MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
+
 
 @dataclass
 class TrainSettings:
@@ -43,6 +46,26 @@ class TrainSettings:
     log_interval: int = 100
     model_args: list = field(default_factory=list)  # size overrides of the architecture
     extra_args: list = field(default_factory=list)
+
+
+def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
+    """fairseq-train arguments that give the encoder and the decoder the same size.
+
+    Args:
+        layers: number of layers of each.
+        embed_dim: width of the embeddings and of the attention.
+        ffn_embed_dim: width of the feed-forward layers.
+        attention_heads: heads of every attention.
+
+    Returns:
+        A list: --encoder-layers N --decoder-layers N --encoder-embed-dim D ..., in the order
+        of MODEL_SIZE_OPTIONS, each value as given (str() them for a command line, as
+        subprocess runners do; kept as given so that recorded settings do not change type).
+    """
+    arguments = []
+    for option, value in zip(MODEL_SIZE_OPTIONS, (layers, embed_dim, ffn_embed_dim, attention_heads)):
+        arguments += [f"--encoder-{option}", value, f"--decoder-{option}", value]
+    return arguments
 
 
 def variant_args(variant, topk):

@@ -30,7 +30,7 @@ from examples.pipeline.evaluation import train_and_evaluate
 from examples.pipeline.markers import is_done, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import TrainSettings
+from examples.pipeline.training import TrainSettings, model_size_args
 from examples.quickstart.toy_language import write_toy_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,8 +300,6 @@ def run(args):
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
     # translation of the test set and scoring.
-    from fairseq_entmax.names import model_size_args  # imports fairseq: only when training
-
     settings = TrainSettings(
         arch="adaptively_sparse_transformer",
         max_update=size["max_update"],

@@ -32,7 +32,7 @@ from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import VARIANTS, TrainSettings
+from examples.pipeline.training import VARIANTS, TrainSettings, model_size_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -214,8 +214,6 @@ def budget_settings(budget):
     Returns:
         A TrainSettings.
     """
-    from fairseq_entmax.names import model_size_args  # imports fairseq: only when training
-
     return TrainSettings(
         arch="adaptively_sparse_transformer",
         max_update=budget["max_update"],
