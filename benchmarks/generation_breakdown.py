@@ -2,7 +2,7 @@
 attention type, against the whole run.
 
 Each checkpoint (a model of this package) is run through fairseq-generate in a process of its
-own, with SparseMultiheadAttention.normalize timed at every call. Reported per checkpoint:
+own, with every call of an attention's normalizer module timed. Reported per checkpoint:
 the run's wall time, the time inside the normalizers and its share, and the mean time of one
 call for encoder self-attention, decoder self-attention and cross attention. The same
 generation settings as benchmarks/training.py (beam 5, batches of 16, output forced to a
@@ -26,6 +26,7 @@ import torch
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.normalizers import AttentionNormalizer
 
 
 def measure(data_bin, checkpoint, length, device):
@@ -47,18 +48,26 @@ def measure(data_bin, checkpoint, length, device):
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = {kind: [] for kind in ATTENTION_TYPES}
     normalizers = set()
-    untimed_normalize = SparseMultiheadAttention.normalize
+    # The attention type of the normalizer call under way: the attention's forward sets it.
+    current = {}
+    untimed_forward = SparseMultiheadAttention.forward
+    untimed_call = AttentionNormalizer.__call__
 
-    def timed_normalize(self, scores):
+    def forward_noting_its_type(self, *args, **kwargs):
+        current["type"] = self.attention_type
+        return untimed_forward(self, *args, **kwargs)
+
+    def timed_call(self, scores):
         sync()
         start = time.perf_counter()
-        probs = untimed_normalize(self, scores)
+        probs = untimed_call(self, scores)
         sync()
-        calls[self.attention_type].append(time.perf_counter() - start)
-        normalizers.add(self.normalizer_name)
+        calls[current["type"]].append(time.perf_counter() - start)
+        normalizers.add(self.name)
         return probs
 
-    SparseMultiheadAttention.normalize = timed_normalize
+    SparseMultiheadAttention.forward = forward_noting_its_type
+    AttentionNormalizer.__call__ = timed_call
     sys.argv = [
         "fairseq-generate",
         str(data_bin),

@@ -122,6 +122,7 @@ def layer_step(normalizer, device, setting):
     from fairseq.modules import MultiheadAttention
 
     from fairseq_entmax.modules import SparseMultiheadAttention
+    from fairseq_entmax.normalizers import build_normalizer
 
     torch.manual_seed(0)
     dim, heads = setting["embed_dim"], setting["heads"]
@@ -129,7 +130,11 @@ def layer_step(normalizer, device, setting):
         layer = MultiheadAttention(dim, heads, self_attention=True)
     else:
         layer = SparseMultiheadAttention(
-            dim, heads, attention_type="encoder_self", normalizer_name=normalizer, self_attention=True
+            dim,
+            heads,
+            attention_type="encoder_self",
+            normalizer=build_normalizer(normalizer, heads),
+            self_attention=True,
         )
     layer = layer.to(device).train()
     x = torch.randn(TOKENS, setting["batch"], dim, device=device, requires_grad=True)

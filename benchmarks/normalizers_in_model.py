@@ -47,7 +47,7 @@ def load_baseline(revision, folder):
         folder: where the package's files are written.
 
     Returns:
-        Its registry module (get_normalizer).
+        The package, whose functions are named as this tree's (FUNCTION_NAMES).
     """
     names = subprocess.run(
         ["git", "ls-tree", "--name-only", f"{revision}:{NORMALIZERS}"], cwd=REPO, capture_output=True, text=True
@@ -62,18 +62,29 @@ def load_baseline(revision, folder):
         ).stdout
         (package / name).write_text(text.replace("fairseq_entmax.normalizers", BASELINE_PACKAGE))
     sys.path.insert(0, str(folder))
-    return importlib.import_module(f"{BASELINE_PACKAGE}.registry")
+    return importlib.import_module(BASELINE_PACKAGE)
 
 
-def attention_modules(model):
-    """The model's SparseMultiheadAttention modules, with their normalizer functions."""
-    return [module for module in model.modules() if isinstance(module, SparseMultiheadAttention)]
+# The function each normalizer module calls, by the normalizer's name: the names every
+# version of fairseq_entmax.normalizers exports.
+FUNCTION_NAMES = {
+    "softmax": "softmax",
+    "sparsemax": "sparsemax",
+    "entmax15": "entmax15",
+    "alpha_entmax": "alpha_entmax",
+    "topk": "topk_softmax",
+}
+
+
+def normalizer_modules(model):
+    """The normalizer modules of the model's SparseMultiheadAttention."""
+    return [module.normalizer for module in model.modules() if isinstance(module, SparseMultiheadAttention)]
 
 
 def use(modules, functions):
-    """Make each module call its function in `functions` (one per module)."""
+    """Make each normalizer module call its function in `functions` (one per module)."""
     for module, function in zip(modules, functions):
-        module._normalizer_function = function
+        module.function = function
 
 
 def time_side_by_side(versions, modules, batches, rounds, step):
@@ -140,18 +151,18 @@ def main():
         [str(args.path)], arg_overrides={"data": str(args.data_bin)}
     )
     model = models[0]
-    modules = attention_modules(model)
+    modules = normalizer_modules(model)
     if not modules:
         sys.exit(f"{args.path} has no attention of this package: nothing to compare")
     with tempfile.TemporaryDirectory() as folder:
         baseline = load_baseline(args.against, folder)
         versions = {
-            "working tree": [module._normalizer_function for module in modules],
-            args.against: [baseline.get_normalizer(module.normalizer_name) for module in modules],
+            "working tree": [module.function for module in modules],
+            args.against: [getattr(baseline, FUNCTION_NAMES[module.name]) for module in modules],
         }
         print(f"machine: {machine_description(torch.device('cpu'))}")
         print(f"command: {' '.join(sys.argv)}")
-        print(f"normalizers: {sorted({module.normalizer_name for module in modules})}")
+        print(f"normalizers: {sorted({module.name for module in modules})}")
 
         task.load_dataset("train")
         criterion = task.build_criterion(cfg.criterion)

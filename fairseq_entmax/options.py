@@ -1,9 +1,10 @@
-"""The sparse attention options of the fairseq layer: parsers, defaults and validation.
+"""The options of the fairseq layer: parsers, defaults and validation.
 
 As fairseq keeps its command-line options in fairseq/options.py, apart from its models.
-The model (models/adaptively_sparse_transformer.py) adds these options to fairseq's parser,
-its architectures fill their defaults, and the layers read them into SparseMultiheadAttention
-(sparse_attention_options). This module needs neither fairseq nor a model.
+The model (models/adaptively_sparse_transformer.py) adds the sparse attention options to
+fairseq's parser, its architectures fill their defaults, and the layers build each attention's
+normalizer from them (build_attention_normalizer); the entmax_loss criterion parses its own
+options with the same parsers. This module needs neither fairseq nor a model.
 
 The parsers raise argparse.ArgumentTypeError, so a bad value stops fairseq-train/-generate at
 argument parsing with "argument --OPTION: <message>".
@@ -12,9 +13,8 @@ argument parsing with "argument --OPTION: <message>".
 import argparse
 import math
 
-from fairseq_entmax.argument_parsing import parse_number_in_interval
 from fairseq_entmax.names import ATTENTION_TITLES, ATTENTION_TYPES
-from fairseq_entmax.normalizers import NORMALIZER_NAMES
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 
 # The default of every option but --attention-normalizer, whose default is the architecture's.
 # Only an absent (None) option takes its default (see sparse_attention_defaults).
@@ -27,6 +27,34 @@ DEFAULTS = {
     "topk_min": 1,
     "compile_normalizers": False,
 }
+
+
+def parse_number_in_interval(text, low, high, *, low_open=False, high_open=False):
+    """Parse a number in an interval, e.g. (0, 1] with low_open=True.
+
+    Args:
+        text: the number or its text.
+        low, high: the interval's ends, written as given in the error message (0, not 0.0).
+        low_open, high_open: whether the interval leaves out that end (closed by default).
+
+    Returns:
+        The number as a float.
+
+    Raises:
+        argparse.ArgumentTypeError: for text that is not a number in the interval (NaN and
+            infinities included), saying what is allowed, e.g.
+            "allowed values are numbers in (0, 1], got '1.5'".
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    above_low = low < value if low_open else low <= value
+    below_high = value < high if high_open else value <= high
+    if not (above_low and below_high):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise argparse.ArgumentTypeError(f"allowed values are numbers in {interval}, got {text!r}")
+    return value
 
 
 def normalizer_option(attention_type):
@@ -279,28 +307,27 @@ def validate_sparse_attention_args(args):
         )
 
 
-def sparse_attention_options(cfg, attention_type):
-    """The keyword arguments of SparseMultiheadAttention for one attention type.
+def build_attention_normalizer(cfg, attention_type, num_heads):
+    """The normalizer module of one attention, from the model's options.
 
     Args:
         cfg: the model config, with the options set (by the model's options and its
-            architecture's defaults).
+            architecture's defaults) and validated (validate_sparse_attention_args).
         attention_type: one of ATTENTION_TYPES.
+        num_heads: the attention's heads.
 
     Returns:
-        A dict: attention_type, normalizer_name (the type's own normalizer, else
-        --attention-normalizer), alpha_init, alpha_clamp, alpha_warmup_updates, topk,
-        topk_fraction, topk_min and compile_normalizer.
+        The AttentionNormalizer of the type's own normalizer, else of --attention-normalizer.
     """
-    normalizer = getattr(cfg, normalizer_option(attention_type), None)
-    return dict(
-        attention_type=attention_type,
-        normalizer_name=normalizer or cfg.attention_normalizer,
+    name = getattr(cfg, normalizer_option(attention_type), None) or cfg.attention_normalizer
+    return build_normalizer(
+        name,
+        num_heads,
         alpha_init=cfg.alpha_init,
         alpha_clamp=cfg.alpha_clamp,
         alpha_warmup_updates=cfg.alpha_warmup_updates,
         topk=cfg.topk,
         topk_fraction=cfg.topk_fraction,
         topk_min=cfg.topk_min,
-        compile_normalizer=cfg.compile_normalizers,
+        compile_function=cfg.compile_normalizers,
     )

@@ -20,6 +20,9 @@ from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import alpha_entmax
 from helpers import BIN_DIR, USER_DIR, fairseq_command, run
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 LAYERS, HEADS = 2, 4  # of the tiny models (conftest.TINY_MODEL_ARGS)
 TOPK = 3  # conftest trains top-k with --topk 3
 
@@ -71,7 +74,7 @@ def alpha_with_logs(tiny_data, tiny_model_args, tmp_path_factory):
 
 
 def checkpoint_alphas(checkpoint):
-    """{(attention, layer): [alpha per head]} from the checkpoint's alpha_logit parameters, by the
+    """{(attention, layer): [alpha per head]} from the checkpoint's normalizer.alpha_logit parameters, by the
     contract: alpha = clamp(1 + sigmoid(alpha_logit), 1.01, 2)."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
     names = {
@@ -80,7 +83,9 @@ def checkpoint_alphas(checkpoint):
         "decoder.layers.{}.encoder_attn": "cross",
     }
     return {
-        (attention, layer): (1 + torch.sigmoid(state[pattern.format(layer) + ".alpha_logit"])).clamp(1.01, 2).tolist()
+        (attention, layer): (1 + torch.sigmoid(state[pattern.format(layer) + ".normalizer.alpha_logit"]))
+        .clamp(1.01, 2)
+        .tolist()
         for pattern, attention in names.items()
         for layer in range(LAYERS)
     }

@@ -195,6 +195,7 @@ def logged_validations(text):
     return found
 
 
+@pytest.mark.slow
 def test_validation_curve_of_a_fairseq_train_log_in_json_format(trained_model, tmp_path):
     """The session fixture's model: fairseq-train's own output (console format, json lines)."""
     log = tmp_path / "train.log"
@@ -210,6 +211,7 @@ def test_validation_curve_of_a_fairseq_train_log_in_json_format(trained_model, t
     assert 1.0 < curve["ppl"][-1] < 1000 and curve["nll_loss"][-1] <= curve["loss"][-1]
 
 
+@pytest.mark.slow
 def test_validation_curve_of_a_fairseq_train_log_in_simple_format_and_its_tensorboard(validated_run):
     logged = logged_validations((validated_run / "train.log").read_text())
     # fairseq-train's --log-file writes each line once more per epoch begun (a FileHandler is
@@ -335,6 +337,7 @@ def test_learning_curves_figure_averages_the_runs_of_each_label(tmp_path):
     assert not (tmp_path / "none.png").exists()
 
 
+@pytest.mark.slow
 def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_variant(
     validated_run, trained_model, tiny_data, tmp_path
 ):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fairseq_entmax.modules import SparseMultiheadAttention
-from fairseq_entmax.normalizers import NORMALIZER_NAMES
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 
 EMBED_DIM = 16
 MAX_LEN = 60
@@ -99,9 +99,8 @@ def attention(normalizer, attention_type, heads, options, dropout, **kwargs):
         EMBED_DIM,
         heads,
         attention_type=attention_type,
-        normalizer_name=normalizer,
+        normalizer=build_normalizer(normalizer, heads, **options),
         dropout=dropout,
-        **options,
         **kwargs,
     )
 
@@ -177,6 +176,7 @@ def beam_searches(draw):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalizer", NORMALIZER_NAMES)
 @settings(max_examples=25, **SETTINGS)
 @given(case=beam_searches())

@@ -21,6 +21,9 @@ import torch
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR, fairseq_command, run
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 TORCH_DEFAULT_OFF = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -196,7 +199,7 @@ def test_hub_interface_refuses_payload_checkpoint(payload):
 
 def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, tmp_path, monkeypatch):
     from examples.pipeline import checkpoints
-    from fairseq_entmax.checkpoint_safety import UnsafeCheckpointError
+    from fairseq_entmax.repairs.checkpoint_safety import UnsafeCheckpointError
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     model = trained_model("softmax")

@@ -1,4 +1,4 @@
-"""Every sentence evaluated (fairseq_entmax.evaluation_batches): fairseq 0.12 drops the last
+"""Every sentence evaluated (fairseq_entmax.repairs.evaluation_batches): fairseq 0.12 drops the last
 batch when its size is not a multiple of --required-batch-size-multiple (8 by default,
 fairseq issue #5036); with the plugin, generation and validation see every sentence, while
 training keeps fairseq's batches.
@@ -16,6 +16,9 @@ import pytest
 
 from conftest import TINY_MODEL_ARGS
 from helpers import OPTIMIZATION_ARGS, USER_DIR, fairseq_command, preprocess, run, write_tiny_corpus
+
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
 
 N = 20  # sentences in each split: 16 + a last batch of 4 that fairseq drops
 FAIRSEQ_DROPS_TO = 16

@@ -15,8 +15,11 @@ from fairseq import checkpoint_utils, options, tasks
 from conftest import TINY_MODEL_ARGS
 from fairseq_entmax.models import sparse_attention_modules
 from fairseq_entmax.modules import SparseMultiheadAttention
-from fairseq_entmax.normalizers import NORMALIZER_NAMES
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 from helpers import USER_DIR
+
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
 
 # The session models' sizes and dropout 0 (conftest), without their architecture: each test
 # names its own.
@@ -238,8 +241,7 @@ def test_beamable_cross_attention_equals_the_plain_one(normalizer):
         16,
         4,
         attention_type="cross",
-        normalizer_name=normalizer,
-        topk=2,
+        normalizer=build_normalizer(normalizer, 4, topk=2),
         encoder_decoder_attention=True,
     ).eval()
     beam, sentences, source_len = 3, 2, 5
@@ -274,7 +276,7 @@ def test_a_boolean_attention_mask_hides_what_it_marks(normalizer):
 
     torch.manual_seed(0)
     attention = SparseMultiheadAttention(
-        16, 4, attention_type="decoder_self", normalizer_name=normalizer, topk=2, self_attention=True
+        16, 4, attention_type="decoder_self", normalizer=build_normalizer(normalizer, 4, topk=2), self_attention=True
     ).eval()
     x = torch.randn(5, 2, 16)
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)
@@ -321,8 +323,8 @@ def test_every_parameter_takes_part_in_every_forward(tiny_data):
     assert without_gradient == []
     alpha_names = [name for name, _ in model.named_parameters() if name.endswith("alpha_logit")]
     assert len(alpha_names) == 6  # 2 encoder self + 2 decoder self + 2 cross
-    assert "encoder.layers.0.self_attn.alpha_logit" in alpha_names
-    assert "decoder.layers.1.encoder_attn.alpha_logit" in alpha_names
+    assert "encoder.layers.0.self_attn.normalizer.alpha_logit" in alpha_names
+    assert "decoder.layers.1.encoder_attn.normalizer.alpha_logit" in alpha_names
     for name, parameter in model.named_parameters():
         if name.endswith("alpha_logit"):
             assert parameter.shape == (4,)
@@ -331,14 +333,14 @@ def test_every_parameter_takes_part_in_every_forward(tiny_data):
 
 def test_alpha_initialisation_and_clamp(tiny_data):
     random_model, _ = build_model(tiny_data.data_bin, ["--arch", "adaptively_sparse_transformer", *TINY_SIZES])
-    logits = torch.cat([m.alpha_logit.detach() for _, _, m in sparse_attention_modules(random_model)])
+    logits = torch.cat([m.normalizer.alpha_logit.detach() for _, _, m in sparse_attention_modules(random_model)])
     assert logits.std() > 0.3  # N(0, 1): heads start at different alphas
     for _, _, attention in sparse_attention_modules(random_model):
-        alpha = attention.head_alpha()
+        alpha = attention.normalizer.head_alpha()
         assert alpha.shape == (4,) and (alpha >= 1.01).all() and (alpha <= 2.0).all()
         with torch.no_grad():
-            attention.alpha_logit.fill_(-30.0)
-        assert torch.equal(attention.head_alpha(), torch.full((4,), 1.01))
+            attention.normalizer.alpha_logit.fill_(-30.0)
+        assert torch.equal(attention.normalizer.head_alpha(), torch.full((4,), 1.01))
 
     for alpha_init in ("1.5", "2"):
         model, _ = build_model(
@@ -354,10 +356,12 @@ def test_alpha_initialisation_and_clamp(tiny_data):
             ],
         )
         for _, _, attention in sparse_attention_modules(model):
-            torch.testing.assert_close(attention.head_alpha(), torch.full((4,), float(alpha_init)), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                attention.normalizer.head_alpha(), torch.full((4,), float(alpha_init)), atol=1e-5, rtol=0
+            )
             with torch.no_grad():
-                attention.alpha_logit.fill_(-30.0)
-            assert torch.equal(attention.head_alpha(), torch.full((4,), 1.2))
+                attention.normalizer.alpha_logit.fill_(-30.0)
+            assert torch.equal(attention.normalizer.head_alpha(), torch.full((4,), 1.2))
 
 
 def test_every_attention_is_listed_in_training_with_layerdrop(tiny_data):
@@ -404,7 +408,7 @@ def test_each_attention_type_gets_its_own_normalizer(tiny_data):
             *TINY_SIZES,
         ],
     )
-    chosen = {(t, layer): m.normalizer_name for t, layer, m in sparse_attention_modules(model)}
+    chosen = {(t, layer): m.normalizer.name for t, layer, m in sparse_attention_modules(model)}
     assert chosen == {
         ("encoder_self", 0): "sparsemax",
         ("encoder_self", 1): "sparsemax",
@@ -413,7 +417,7 @@ def test_each_attention_type_gets_its_own_normalizer(tiny_data):
         ("cross", 0): "topk",
         ("cross", 1): "topk",
     }
-    alphas = {t: m.head_alpha() for t, _, m in sparse_attention_modules(model)}
+    alphas = {t: m.normalizer.head_alpha() for t, _, m in sparse_attention_modules(model)}
     assert torch.equal(alphas["encoder_self"], torch.full((4,), 2.0))
     assert torch.equal(alphas["decoder_self"], torch.full((4,), 1.5))
     assert alphas["cross"] is None
@@ -472,9 +476,7 @@ def topk_fraction_attention(attention_type, fraction, minimum):
         16,
         2,
         attention_type=attention_type,
-        normalizer_name="topk",
-        topk_fraction=fraction,
-        topk_min=minimum,
+        normalizer=build_normalizer("topk", 2, topk_fraction=fraction, topk_min=minimum),
         self_attention=True,
     ).eval()
 
@@ -554,4 +556,4 @@ def test_activation_checkpointing_wraps_the_sparse_layers(tiny_data):
     logits.logsumexp(-1).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     for _, _, attention in sparse_attention_modules(model):
-        assert attention.alpha_logit.grad.abs().sum() > 0
+        assert attention.normalizer.alpha_logit.grad.abs().sum() > 0

@@ -1,18 +1,31 @@
 """Checkpoints on torch >= 2.6 (weights_only=True stays on): fairseq's commands and hub
 interface load ours. (A checkpoint carrying a payload that would run code is refused wherever
 a checkpoint is read: test_checkpoint_refusal.py.) The sparse attention state carries a
-version, so that a later change of what it stores still loads older checkpoints."""
+version, so that a later change of what it stores still loads older checkpoints.
+
+tests/data/alpha_entmax_checkpoint_v1.pt is a checkpoint of version 1 (alpha_logit on the
+attention module), trained by the code of that layout (commit e0ae22d) as conftest's
+trained_model("alpha_entmax") trains, on its tiny corpus, its optimizer state removed;
+alpha_entmax_checkpoint_v1.generate.txt is what that code's fairseq-generate printed for it
+(beam 5, the test split)."""
 
 import os
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_command, run
+from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint
+
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
+VERSION_1_CHECKPOINT = Path(__file__).parent / "data" / "alpha_entmax_checkpoint_v1.pt"
+ALPHA_SUFFIX = "normalizer.alpha_logit"
 
 
 def test_checkpoint_saved_under_numpy_1_loads(trained_model, tmp_path):
@@ -86,62 +99,105 @@ def _load(checkpoint, data_bin):
     return model
 
 
+def _as_version_1(state_dict, with_version_key=True):
+    """A state dict of the current layout rewritten as version 1 stored it: alpha_logit on the
+    attention module, with the version key 1 (or, before the key existed, without it)."""
+    from fairseq_entmax.modules.sparse_multihead_attention import STATE_VERSION_KEY
+
+    old = {}
+    for key, value in state_dict.items():
+        if key.endswith(ALPHA_SUFFIX):
+            old[key[: -len(ALPHA_SUFFIX)] + "alpha_logit"] = value
+        elif key.endswith(STATE_VERSION_KEY):
+            if with_version_key:
+                old[key] = torch.tensor([1])
+        else:
+            old[key] = value
+    return old
+
+
 def test_fairseq_train_writes_the_version_of_the_sparse_attention_state(trained_model):
-    """Every module with a learned alpha stores its state's version next to alpha_logit;
-    modules without one store exactly what fairseq's MultiheadAttention stores."""
+    """Every module with a learned alpha stores its state's version next to its normalizer's
+    alpha_logit; modules without one store exactly what fairseq's MultiheadAttention stores."""
     from fairseq_entmax.modules.sparse_multihead_attention import STATE_VERSION, STATE_VERSION_KEY
 
     state = torch.load(trained_model("alpha_entmax").checkpoint, weights_only=True)["model"]
     alpha_keys = _alpha_keys(state)
     assert len(alpha_keys) == 6  # 2 encoder self, 2 decoder self, 2 cross
     for key in alpha_keys:
-        version_key = key[: -len("alpha_logit")] + STATE_VERSION_KEY
-        assert state[version_key].tolist() == [STATE_VERSION], version_key
+        assert key.endswith(ALPHA_SUFFIX), key
+        version_key = key[: -len(ALPHA_SUFFIX)] + STATE_VERSION_KEY
+        assert state[version_key].tolist() == [STATE_VERSION] == [2], version_key
     softmax_state = torch.load(trained_model("softmax").checkpoint, weights_only=True)["model"]
     assert not any(STATE_VERSION_KEY in key or "alpha_logit" in key for key in softmax_state)
 
 
-def test_a_checkpoint_saved_before_the_version_key_loads_as_version_1(trained_model, tmp_path):
-    """Checkpoints written before the version key existed hold alpha_logit alone: they load
-    with their alphas, and the loaded model writes the key."""
-    from fairseq_entmax.models import sparse_attention_modules
+@pytest.mark.parametrize("with_version_key", [True, False], ids=["version 1", "before the version key"])
+def test_a_version_1_state_dict_loads_its_alphas_into_the_normalizers(trained_model, tmp_path, with_version_key):
+    """Checkpoints of version 1 hold alpha_logit on the attention module, with the version key
+    1 or (written before the key existed) without it: they load with their alphas, and the
+    loaded model writes the current layout."""
     from fairseq_entmax.modules.sparse_multihead_attention import STATE_VERSION_KEY
 
     model = trained_model("alpha_entmax")
     state = torch.load(model.checkpoint, weights_only=True)
-    state["model"] = {k: v for k, v in state["model"].items() if not k.endswith(STATE_VERSION_KEY)}
-    old = tmp_path / "checkpoint_without_version.pt"
+    current = state["model"]
+    state["model"] = _as_version_1(current, with_version_key)
+    old = tmp_path / "checkpoint_version_1.pt"
     torch.save(state, old)
 
-    loaded = _load(old, model.data_bin)
-    for key in _alpha_keys(state["model"]):
-        assert torch.equal(loaded.state_dict()[key], state["model"][key]), key
-    assert len(list(sparse_attention_modules(loaded))) == 6
-    written = loaded.state_dict()
-    for key in _alpha_keys(written):
-        assert written[key[: -len("alpha_logit")] + STATE_VERSION_KEY].tolist() == [1], key
+    written = _load(old, model.data_bin).state_dict()
+    assert _alpha_keys(written) == _alpha_keys(current)
+    for key in _alpha_keys(current):
+        assert torch.equal(written[key], current[key]), key
+        assert written[key[: -len(ALPHA_SUFFIX)] + STATE_VERSION_KEY].tolist() == [2], key
+
+
+def test_a_checkpoint_trained_by_the_version_1_code_translates_as_it_did(tiny_data, tmp_path):
+    """fairseq-generate on the checkpoint that the version 1 code trained prints the same
+    translations, with the same scores, as that code did."""
+    proc = run_on_checkpoint(
+        "fairseq-generate",
+        tiny_data.data_bin,
+        VERSION_1_CHECKPOINT,
+        "--gen-subset",
+        "test",
+        "--beam",
+        "5",
+        "--cpu",
+        "--batch-size",
+        "16",
+    )
+    printed = [line for line in proc.stdout.splitlines() if line.startswith(("H-", "S-"))]
+    expected = VERSION_1_CHECKPOINT.with_suffix(".generate.txt").read_text().splitlines()
+    assert len(expected) == 80 and printed == expected
+
+    loaded = _load(VERSION_1_CHECKPOINT, tiny_data.data_bin)
+    stored = torch.load(VERSION_1_CHECKPOINT, weights_only=True)["model"]
+    for key, value in stored.items():
+        if key.endswith(".alpha_logit"):
+            assert torch.equal(loaded.state_dict()[key[: -len("alpha_logit")] + ALPHA_SUFFIX], value), key
 
 
 def test_an_old_version_goes_through_the_upgrades_and_a_newer_one_is_refused(trained_model, tmp_path, monkeypatch):
-    """The path a later change of storage takes: with STATE_VERSION 2, a version 1 checkpoint
-    passes through the upgrade registered under 1, once per module with a learned alpha."""
+    """The path a later change of storage takes: with STATE_VERSION 3, a version 2 checkpoint
+    passes through the upgrade registered under 2, once per module with a learned alpha."""
     from fairseq_entmax.modules import sparse_multihead_attention as attention_module
 
     model = trained_model("alpha_entmax")
     upgraded = []
-    monkeypatch.setattr(attention_module, "STATE_VERSION", 2)
-    monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {1: lambda state_dict, prefix: upgraded.append(prefix)})
+    monkeypatch.setattr(attention_module, "STATE_VERSION", 3)
+    monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {2: lambda state_dict, prefix: upgraded.append(prefix)})
     _load(model.checkpoint, model.data_bin)
     assert sorted(upgraded) == sorted(
-        key[: -len("alpha_logit")] for key in _alpha_keys(torch.load(model.checkpoint, weights_only=True)["model"])
+        key[: -len(ALPHA_SUFFIX)] for key in _alpha_keys(torch.load(model.checkpoint, weights_only=True)["model"])
     )
 
-    monkeypatch.setattr(attention_module, "STATE_VERSION", 1)
-    monkeypatch.setattr(attention_module, "_STATE_UPGRADES", {})
+    monkeypatch.undo()
     state = torch.load(model.checkpoint, weights_only=True)
     for key in list(state["model"]):
         if key.endswith(attention_module.STATE_VERSION_KEY):
-            state["model"][key] = torch.tensor([2])
+            state["model"][key] = torch.tensor([3])
     newer = tmp_path / "checkpoint_newer.pt"
     torch.save(state, newer)
     with pytest.raises(ValueError, match="saved by a newer fairseq-entmax"):

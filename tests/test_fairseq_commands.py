@@ -19,6 +19,9 @@ from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 
 def train_command(tiny_data, save_dir, *arguments):
     """fairseq-train of a model of the session's size and training options (conftest) on the
@@ -243,7 +246,7 @@ def _alpha_summary(state_dict):
             [
                 torch.clamp(1 + torch.sigmoid(value.float()), 1.01, 2.0)
                 for key, value in state_dict.items()
-                if key.startswith(f"{side}.layers.") and key.endswith(f".{module_name}.alpha_logit")
+                if key.startswith(f"{side}.layers.") and key.endswith(f".{module_name}.normalizer.alpha_logit")
             ]
         )
         summary[f"alpha_{attention_type}_mean"] = round(values.mean().item(), 4)

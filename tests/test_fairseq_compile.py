@@ -4,8 +4,13 @@ translate as the eager model does."""
 
 import re
 
+import pytest
+
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR, fairseq_command, run
+
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
 
 # Shapes change at every batch; dynamic shapes keep one graph for them. A few recompilations
 # remain, each once: no gradient (validation, generation), a query length of 1 (incremental

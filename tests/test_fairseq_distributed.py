@@ -17,6 +17,9 @@ import torch
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 # fairseq-train, plus: keep the model's parameters before and after training, the ids of the
 # sentences each update trained on and the classes wrapping the model in a file, so the test
 # can compare the ranks (fairseq saves checkpoints on rank 0 only).

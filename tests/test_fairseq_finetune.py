@@ -16,6 +16,9 @@ import torch
 from conftest import TINY_MODEL_ARGS
 from helpers import USER_DIR, train_tiny
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 # fairseq's own architecture with the tiny models' sizes.
 assert TINY_MODEL_ARGS[:2] == ["--arch", "adaptively_sparse_transformer"]
 TRANSFORMER_ARGS = ["--arch", "transformer", *TINY_MODEL_ARGS[2:]]
@@ -94,7 +97,7 @@ def test_near_one_alphas_start_from_the_softmax_model_exactly(tiny_data, softmax
 
 
 def attention_type_of(alpha_key):
-    """encoder_self, decoder_self or cross, from a key such as decoder.layers.0.encoder_attn.alpha_logit."""
+    """encoder_self, decoder_self or cross, from a key such as decoder.layers.0.encoder_attn.normalizer.alpha_logit."""
     if alpha_key.startswith("encoder."):
         return "encoder_self"
     return "cross" if ".encoder_attn." in alpha_key else "decoder_self"
@@ -152,7 +155,7 @@ def test_random_alphas_warm_up_from_softmax_through_restore_file(tiny_data, soft
         key = next(k for k in logged if attention_type_of(k) == attention_type and f".layers.{layer}." in k)
         learned = (1 + torch.sigmoid(trained[key])).clamp(1.01, 2)
         assert not torch.allclose(learned, torch.tensor(logged[key]), atol=1e-4), f"{key} did not learn"
-        assert torch.allclose(attention.head_alpha(), 1 + (learned - 1) * 8 / 16), key
+        assert torch.allclose(attention.normalizer.head_alpha(), 1 + (learned - 1) * 8 / 16), key
 
 
 def test_fixed_normalizers_and_top_k_load_every_weight(tiny_data, softmax_checkpoint, tmp_path):

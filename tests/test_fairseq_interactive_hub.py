@@ -16,6 +16,9 @@ import pytest
 
 from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 BEAM = 5
 MAX_LEN_B = 30  # fairseq's default max_len_a = 0: at most 30 target tokens, in all three tools
 N_TEST = 40  # the tiny test set
@@ -100,7 +103,7 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
         max_len_b=MAX_LEN_B,
     )
     assert type(hub.models[0]).__name__ == "AdaptivelySparseTransformerModel"
-    assert hub.models[0].encoder.layers[0].self_attn.normalizer_name == normalizer
+    assert hub.models[0].encoder.layers[0].self_attn.normalizer.name == normalizer
     translations = hub.translate(sources)
     assert len(translations) == N_TEST
     for i, translation in enumerate(translations):

@@ -19,6 +19,9 @@ from fairseq_entmax.models import sparse_attention_modules
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax
 from helpers import USER_DIR, fairseq_command, run
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 # (attention type, layer) of every attention of the tiny 2+2-layer models, in the order
 # sparse_attention_modules lists them.
 EVERY_ATTENTION = [
@@ -146,8 +149,11 @@ def test_topk_fraction_and_topk_min_reach_every_attention(tiny_data):
     listed = list(sparse_attention_modules(model))
     assert [(t, layer) for t, layer, _ in listed] == EVERY_ATTENTION
     for attention_type, layer, attention in listed:
-        assert attention.normalizer_name == "topk", (attention_type, layer)
-        assert (attention.topk_fraction, attention.topk_min) == (FRACTION, MINIMUM), (attention_type, layer)
+        assert attention.normalizer.name == "topk", (attention_type, layer)
+        assert (attention.normalizer.fraction, attention.normalizer.minimum) == (FRACTION, MINIMUM), (
+            attention_type,
+            layer,
+        )
 
     rows = attention_rows(model, task, split="valid")
     assert_rows_keep(rows, kept_with_fraction)
@@ -194,19 +200,22 @@ def test_each_per_type_normalizer_option_sets_only_its_type(tiny_data, chosen):
     scores = torch.randn(4 * 2, 3, 5) * 3  # (batch * heads, queries, keys)
     for attention_type, layer, attention in listed:
         expected = chosen.get(attention_type, default)
-        assert attention.normalizer_name == expected, (attention_type, layer)
+        assert attention.normalizer.name == expected, (attention_type, layer)
         # ...and it is what the module computes.
         if expected == "alpha_entmax":
-            assert attention.alpha_logit is not None
-            torch.testing.assert_close(attention.head_alpha(), torch.full((4,), 1.3), atol=1e-5, rtol=0)
+            assert attention.normalizer.learns_alpha
+            torch.testing.assert_close(attention.normalizer.head_alpha(), torch.full((4,), 1.3), atol=1e-5, rtol=0)
             reference = alpha_entmax(scores.view(2, 4, 3, 5), torch.full((1, 4, 1, 1), 1.3), dim=-1).view_as(scores)
         else:
-            assert attention.alpha_logit is None
+            assert not attention.normalizer.learns_alpha
             reference = NORMALIZE[expected](scores, dim=-1)
-        torch.testing.assert_close(attention.normalize(scores).detach(), reference, atol=1e-6, rtol=0)
+        torch.testing.assert_close(attention.normalizer(scores).detach(), reference, atol=1e-6, rtol=0)
     learned = sorted(name for name, _ in model.named_parameters() if name.endswith("alpha_logit"))
     if "cross" in chosen and chosen["cross"] == "alpha_entmax":
-        assert learned == ["decoder.layers.0.encoder_attn.alpha_logit", "decoder.layers.1.encoder_attn.alpha_logit"]
+        assert learned == [
+            "decoder.layers.0.encoder_attn.alpha_logit",
+            "decoder.layers.1.encoder_attn.normalizer.alpha_logit",
+        ]
     else:
         assert learned == []
 
@@ -256,7 +265,7 @@ def test_model_overrides_set_k_of_a_trained_topk_model(topk8_checkpoint, tiny_da
     search; loaded without the override it keeps up to 8 (the control: the test set has
     queries that see more than 4 keys)."""
     trained, task = load_checkpoint(topk8_checkpoint, tiny_data.data_bin)
-    assert [attention.topk for _, _, attention in sparse_attention_modules(trained)] == [8] * 6
+    assert [attention.normalizer.k for _, _, attention in sparse_attention_modules(trained)] == [8] * 6
     rows = attention_rows(trained, task, beam=2)
     assert_rows_keep(rows, lambda n: min(n, 8))
     for key, pairs in rows.items():
@@ -264,7 +273,7 @@ def test_model_overrides_set_k_of_a_trained_topk_model(topk8_checkpoint, tiny_da
 
     overridden, task = load_checkpoint(topk8_checkpoint, tiny_data.data_bin, {"topk": 4})
     for attention_type, layer, attention in sparse_attention_modules(overridden):
-        assert (attention.normalizer_name, attention.topk) == ("topk", 4), (attention_type, layer)
+        assert (attention.normalizer.name, attention.normalizer.k) == ("topk", 4), (attention_type, layer)
     rows = attention_rows(overridden, task, beam=2)
     assert_rows_keep(rows, lambda n: min(n, 4))
     # The override changes k only: the weights are the trained ones.
@@ -278,7 +287,11 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
     "{'topk': 4, 'topk_fraction': None}" (as docs/fairseq.md says to write) gives k = 4."""
     loaded, task = load_checkpoint(fraction_checkpoint, tiny_data.data_bin)
     for attention_type, layer, attention in sparse_attention_modules(loaded):
-        assert (attention.topk, attention.topk_fraction, attention.topk_min) == (TOPK, FRACTION, MINIMUM), (
+        assert (attention.normalizer.k, attention.normalizer.fraction, attention.normalizer.minimum) == (
+            TOPK,
+            FRACTION,
+            MINIMUM,
+        ), (
             attention_type,
             layer,
         )
@@ -289,7 +302,7 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
 
     fixed, task = load_checkpoint(fraction_checkpoint, tiny_data.data_bin, {"topk": 4, "topk_fraction": None})
     for attention_type, layer, attention in sparse_attention_modules(fixed):
-        assert (attention.topk, attention.topk_fraction) == (4, None), (attention_type, layer)
+        assert (attention.normalizer.k, attention.normalizer.fraction) == (4, None), (attention_type, layer)
     assert_rows_keep(attention_rows(fixed, task, beam=2), lambda n: min(n, 4))
 
 

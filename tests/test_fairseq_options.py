@@ -6,6 +6,9 @@ from fairseq import options
 
 from helpers import USER_DIR, fairseq_command, run
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 NORMALIZERS = "softmax, sparsemax, entmax15, alpha_entmax, topk"
 BAD_OPTIONS = [
     ("--attention-normalizer", "relu", NORMALIZERS),
@@ -120,4 +123,4 @@ def test_a_trained_model_loads_with_another_clamp_when_alpha_init_is_overridden_
         [str(model.checkpoint)], arg_overrides=dict(overrides, alpha_init="random")
     )
     for _, _, attention in sparse_attention_modules(loaded):
-        assert attention.alpha_clamp == (1.6, 2.0) and (attention.head_alpha() >= 1.6).all()
+        assert attention.normalizer.clamp == (1.6, 2.0) and (attention.normalizer.head_alpha() >= 1.6).all()

@@ -15,6 +15,9 @@ import torch
 
 from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint, train_tiny
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 N_TEST = 40  # sentences of the tiny test set
 BEAM, NBEST = 5, 3
 UPDATES = 12

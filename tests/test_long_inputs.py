@@ -28,6 +28,9 @@ import pytest
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, run
 
+# Every test here trains through fairseq-train or runs a fairseq command.
+pytestmark = pytest.mark.slow
+
 SOURCE_WORDS = 1024
 TARGET_WORDS = 12
 

@@ -10,6 +10,9 @@ import torch._dynamo
 
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
 
+# torch.compile takes seconds to minutes per test on a CPU.
+pytestmark = pytest.mark.slow
+
 HEADS = 4
 
 # name -> map(scores, alpha); alpha is one learned value per head, bounded by its clamp, as

@@ -76,6 +76,7 @@ def test_learned_alpha_per_head_gradient_agrees_with_entmax_bisect():
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_float32_attention_rows_agree_with_float64_reference():
     """Many float32 attention rows (regression: rare rows where rounding stalled the
     threshold search): sparsemax, entmax15 and alpha_entmax stay within 1e-6 of entmax's

@@ -15,8 +15,11 @@ from pathlib import Path
 import pytest
 
 from examples.quickstart.toy_language import ToyLanguagePair, write_toy_corpus
-from fairseq_entmax.modules import ATTENTION_TYPES
+from fairseq_entmax.names import ATTENTION_TYPES
 from helpers import run, write_tiny_corpus
+
+# Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 # As `make demo` runs it, from the repository root (cwd=REPO).

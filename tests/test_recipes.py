@@ -25,6 +25,9 @@ from examples.pipeline import (
 from examples.translation import tasks
 from helpers import run
 
+# Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 # As the docs run it, from the repository root (cwd=REPO).
 RECIPE = (sys.executable, "-m", "examples.translation.recipe")
@@ -225,7 +228,7 @@ def test_last_checkpoints_include_the_final_state_after_the_last_epoch_checkpoin
 def test_pipeline_names_the_attention_types_of_the_fairseq_layer():
     """The pipeline's tables and log lines are keyed by the fairseq layer's attention types,
     which it imports from fairseq_entmax.names where it uses them: it keeps no copy."""
-    from fairseq_entmax.modules import ATTENTION_TYPES
+    from fairseq_entmax.names import ATTENTION_TYPES
 
     assert not hasattr(training, "ATTENTION_TYPES")
     header = tables.format_table([]).splitlines()[0]

@@ -14,6 +14,9 @@ import pytest
 
 from helpers import run
 
+# Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 # As the docs run it, from the repository root (cwd=REPO).
 SCRIPT = (sys.executable, "-m", "examples.reproduction.reduced_scale")

@@ -16,9 +16,9 @@ def _checkpoint_order(path):
 def _load(path):
     """A checkpoint's state, read with torch's safe unpickler and the allowlist of fairseq's
     checkpoint types (importing fairseq_entmax installs it): a checkpoint holding anything
-    else raises fairseq_entmax.checkpoint_safety.UnsafeCheckpointError and nothing of it runs."""
+    else raises fairseq_entmax.repairs.checkpoint_safety.UnsafeCheckpointError and nothing of it runs."""
     import fairseq_entmax  # noqa: F401 (the allowlist)
-    from fairseq_entmax.checkpoint_safety import load_checkpoint_safely
+    from fairseq_entmax.repairs.checkpoint_safety import load_checkpoint_safely
 
     return load_checkpoint_safely(path, map_location="cpu")
 
@@ -61,7 +61,7 @@ def average_checkpoints(paths, out_path):
         out_path: where the averaged checkpoint is written.
 
     Raises:
-        fairseq_entmax.checkpoint_safety.UnsafeCheckpointError: a checkpoint holds a pickled
+        fairseq_entmax.repairs.checkpoint_safety.UnsafeCheckpointError: a checkpoint holds a pickled
             object outside fairseq's checkpoint types (nothing of it ran).
     """
     from fairseq import checkpoint_utils

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from fairseq_entmax.names import ATTENTION_TYPES
-from fairseq_entmax.normalizers import normalizer_entry
 
 
 @dataclass
@@ -36,7 +35,8 @@ class AttentionSite:
         Returns:
             Its name (one of NORMALIZER_NAMES); "softmax" for modules that are not ours.
         """
-        return getattr(self.module, "normalizer_name", "softmax")
+        normalizer = getattr(self.module, "normalizer", None)
+        return "softmax" if normalizer is None else normalizer.name
 
     def head_alpha(self):
         """Each head's alpha.
@@ -45,9 +45,10 @@ class AttentionSite:
             A list of floats, one per head, from the module's head_alpha(); None for top-k,
             which has no alpha. Modules that are not ours are softmax: alpha 1.
         """
-        if not hasattr(self.module, "head_alpha"):
-            return [normalizer_entry("softmax").fixed_alpha] * self.num_heads
-        alpha = self.module.head_alpha()
+        normalizer = getattr(self.module, "normalizer", None)
+        if normalizer is None:
+            return [1.0] * self.num_heads
+        alpha = normalizer.head_alpha()
         return None if alpha is None else [float(a) for a in alpha.detach().cpu()]
 
 

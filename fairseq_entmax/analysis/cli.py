@@ -124,7 +124,7 @@ def main(argv=None):
         force=True,
     )
     from fairseq_entmax.analysis.pipeline import analyze
-    from fairseq_entmax.checkpoint_safety import UnsafeCheckpointError
+    from fairseq_entmax.repairs.checkpoint_safety import UnsafeCheckpointError
 
     try:
         analyze(args.path, args.data, args.output_dir, options=options, names=args.name, train_logs=args.train_log)

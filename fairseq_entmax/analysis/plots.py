@@ -13,7 +13,7 @@ from fairseq_entmax.analysis.report import file_label  # noqa: E402
 from fairseq_entmax.analysis.training_log import group_by_variant  # noqa: E402
 from fairseq_entmax.names import ATTENTION_TITLES as TITLES  # noqa: E402
 from fairseq_entmax.names import ATTENTION_TYPES  # noqa: E402
-from fairseq_entmax.normalizers import normalizer_entry  # noqa: E402
+from fairseq_entmax.normalizers import LearnedAlphaEntmax  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def alpha_histogram(models, output_dir):
             if not alphas:
                 continue
             color = f"C{index}"
-            if normalizer_entry(model["normalizers"][attention]).learns_alpha:
+            if model["normalizers"][attention] == LearnedAlphaEntmax.name:
                 ax.hist(alphas, bins=bins, alpha=0.6, color=color, label=f"{model['name']} (learned)")
             else:
                 ax.axvline(

@@ -178,8 +178,8 @@ class AdaptivelySparseTransformerModel(TransformerModel):
         """
         alphas = {}
         for attention_type, layer, attention in sparse_attention_modules(self):
-            if attention.alpha_logit is not None:
-                alphas.setdefault(attention_type, []).append((layer, attention.head_alpha().detach()))
+            if attention.normalizer.learns_alpha:
+                alphas.setdefault(attention_type, []).append((layer, attention.normalizer.head_alpha().detach()))
         return alphas
 
     def set_num_updates(self, num_updates):
@@ -243,25 +243,52 @@ def output_alpha_of(args):
 
 
 # ---------------------------------------------------------------------------------------
-# Architectures: the attention defaults, then fairseq's Transformer sizes.
+# Architectures: the attention defaults, then fairseq's Transformer sizes of the same suffix.
 
 
-def _register(arch_name, normalizer, transformer_architecture):
-    @register_model_architecture(MODEL_NAME, arch_name)
-    def architecture(args):
-        sparse_attention_defaults(args, normalizer)
-        transformer_architecture(args)
-
-    architecture.__name__ = arch_name
-    architecture.__doc__ = f"{transformer_architecture.__name__} sizes, {normalizer} attention by default."
-    return architecture
+@register_model_architecture(MODEL_NAME, "adaptively_sparse_transformer")
+def adaptively_sparse_transformer(args):
+    sparse_attention_defaults(args, "alpha_entmax")
+    base_architecture(args)
 
 
-for _suffix, _transformer_architecture in (
-    ("", base_architecture),
-    ("_iwslt_de_en", transformer_iwslt_de_en),
-    ("_wmt_en_de", transformer_wmt_en_de),
-    ("_vaswani_wmt_en_de_big", transformer_vaswani_wmt_en_de_big),
-):
-    _register("adaptively_sparse_transformer" + _suffix, "alpha_entmax", _transformer_architecture)
-    _register("explicit_sparse_transformer" + _suffix, "topk", _transformer_architecture)
+@register_model_architecture(MODEL_NAME, "adaptively_sparse_transformer_iwslt_de_en")
+def adaptively_sparse_transformer_iwslt_de_en(args):
+    sparse_attention_defaults(args, "alpha_entmax")
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture(MODEL_NAME, "adaptively_sparse_transformer_wmt_en_de")
+def adaptively_sparse_transformer_wmt_en_de(args):
+    sparse_attention_defaults(args, "alpha_entmax")
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture(MODEL_NAME, "adaptively_sparse_transformer_vaswani_wmt_en_de_big")
+def adaptively_sparse_transformer_vaswani_wmt_en_de_big(args):
+    sparse_attention_defaults(args, "alpha_entmax")
+    transformer_vaswani_wmt_en_de_big(args)
+
+
+@register_model_architecture(MODEL_NAME, "explicit_sparse_transformer")
+def explicit_sparse_transformer(args):
+    sparse_attention_defaults(args, "topk")
+    base_architecture(args)
+
+
+@register_model_architecture(MODEL_NAME, "explicit_sparse_transformer_iwslt_de_en")
+def explicit_sparse_transformer_iwslt_de_en(args):
+    sparse_attention_defaults(args, "topk")
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture(MODEL_NAME, "explicit_sparse_transformer_wmt_en_de")
+def explicit_sparse_transformer_wmt_en_de(args):
+    sparse_attention_defaults(args, "topk")
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture(MODEL_NAME, "explicit_sparse_transformer_vaswani_wmt_en_de_big")
+def explicit_sparse_transformer_vaswani_wmt_en_de_big(args):
+    sparse_attention_defaults(args, "topk")
+    transformer_vaswani_wmt_en_de_big(args)

@@ -9,10 +9,8 @@ from fairseq_entmax.modules.sparse_transformer_layer import (  # noqa: E402
     SparseTransformerDecoderLayer,
     SparseTransformerEncoderLayer,
 )
-from fairseq_entmax.names import ATTENTION_TYPES  # noqa: E402 (re-exported from where it was defined before)
 
 __all__ = [
-    "ATTENTION_TYPES",
     "SparseMultiheadAttention",
     "SparseTransformerDecoderLayer",
     "SparseTransformerEncoderLayer",

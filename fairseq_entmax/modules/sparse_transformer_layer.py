@@ -10,7 +10,7 @@ from fairseq.modules.transformer_layer import (
 )
 
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
-from fairseq_entmax.options import sparse_attention_options
+from fairseq_entmax.options import build_attention_normalizer
 
 
 class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
@@ -18,12 +18,13 @@ class SparseTransformerEncoderLayer(TransformerEncoderLayerBase):
         return SparseMultiheadAttention(
             embed_dim,
             cfg.encoder.attention_heads,
+            attention_type="encoder_self",
+            normalizer=build_attention_normalizer(cfg, "encoder_self", cfg.encoder.attention_heads),
             dropout=cfg.attention_dropout,
             self_attention=True,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.encoder.xformers_att_config,
-            **sparse_attention_options(cfg, "encoder_self"),
         )
 
 
@@ -32,6 +33,8 @@ class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
         return SparseMultiheadAttention(
             embed_dim,
             cfg.decoder.attention_heads,
+            attention_type="decoder_self",
+            normalizer=build_attention_normalizer(cfg, "decoder_self", cfg.decoder.attention_heads),
             dropout=cfg.attention_dropout,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
@@ -39,13 +42,14 @@ class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.decoder.xformers_att_config,
-            **sparse_attention_options(cfg, "decoder_self"),
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
         return SparseMultiheadAttention(
             embed_dim,
             cfg.decoder.attention_heads,
+            attention_type="cross",
+            normalizer=build_attention_normalizer(cfg, "cross", cfg.decoder.attention_heads),
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
             dropout=cfg.attention_dropout,
@@ -53,5 +57,4 @@ class SparseTransformerDecoderLayer(TransformerDecoderLayerBase):
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
             xformers_att_config=cfg.encoder.xformers_att_config,
-            **sparse_attention_options(cfg, "cross"),
         )

@@ -11,32 +11,35 @@ Each is a torch.autograd.Function with a hand-written backward that keeps only i
 - on a GPU, and on the CPU inside `with sync_free():`, they make no host synchronisation
   (see _common.sync_free), and torch.compile(fullgraph=True) captures them whole.
 
-The registry (registry.py) describes each normalizer once: its name, function, extra
-parameter and fixed alpha.
+As modules (layers.py), one per attention: `build_normalizer(name, num_heads, **options)`
+returns the normalizer an attention layer calls on its scores, owning what it learns (the
+per-head alphas of learned alpha-entmax) and its parameters (top-k's k).
 """
 
 from fairseq_entmax.normalizers._common import sync_free
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15
-from fairseq_entmax.normalizers.registry import (
+from fairseq_entmax.normalizers.layers import (
     NORMALIZER_NAMES,
-    NORMALIZERS,
-    Normalizer,
-    get_normalizer,
-    normalizer_entry,
+    AttentionNormalizer,
+    FixedAlphaEntmax,
+    LearnedAlphaEntmax,
+    TopK,
+    build_normalizer,
 )
 from fairseq_entmax.normalizers.softmax import softmax
 from fairseq_entmax.normalizers.sparsemax import sparsemax
 from fairseq_entmax.normalizers.topk import topk_softmax
 
 __all__ = [
-    "NORMALIZERS",
     "NORMALIZER_NAMES",
-    "Normalizer",
+    "AttentionNormalizer",
+    "FixedAlphaEntmax",
+    "LearnedAlphaEntmax",
+    "TopK",
     "alpha_entmax",
+    "build_normalizer",
     "entmax15",
-    "get_normalizer",
-    "normalizer_entry",
     "softmax",
     "sparsemax",
     "sync_free",

@@ -11,13 +11,15 @@ and fairseq-train's validations) silently leaves sentences out, its loss and BLE
 the rest. Upstream: https://github.com/facebookresearch/fairseq/issues/5036 (not fixed).
 
 The multiple matters for training (speed on tensor cores, fairseq's trainer), not for
-evaluation, so importing fairseq_entmax (which --user-dir does) makes FairseqDataset.batch_by_size
+evaluation, so this repair makes FairseqDataset.batch_by_size
 use a multiple of 1 unless the dataset is the one fairseq's Trainer.get_train_iterator batches:
 that method is wrapped to mark the dataset it hands to the task's get_batch_iterator, and
 training keeps fairseq's batches exactly (its last, smaller batch dropped as before).
 fairseq-interactive and the hub already batch with a multiple of 1; fairseq-entmax-analyze
 too.
 """
+
+from fairseq_entmax.repairs.patching import Repair, Replacement
 
 _TRAINING_MARK = "_fairseq_entmax_training_batches"
 
@@ -36,18 +38,6 @@ def mark_training(dataset):
         dataset = getattr(dataset, "dataset", None)
 
 
-def repair_evaluation_batches():
-    """Patch fairseq (once) so that only training batches drop a last batch that is not a
-    multiple of --required-batch-size-multiple. Called when fairseq_entmax is imported."""
-    from fairseq.data import FairseqDataset
-    from fairseq.trainer import Trainer
-
-    if not getattr(FairseqDataset.batch_by_size, _TRAINING_MARK, False):
-        FairseqDataset.batch_by_size = _multiple_for_training_only(FairseqDataset.batch_by_size)
-    if not getattr(Trainer.get_train_iterator, _TRAINING_MARK, False):
-        Trainer.get_train_iterator = _marking_training_data(Trainer.get_train_iterator)
-
-
 def _multiple_for_training_only(batch_by_size):
     def batch_by_size_keeping_every_sentence(
         self, indices, max_tokens=None, max_sentences=None, required_batch_size_multiple=1
@@ -62,7 +52,6 @@ def _multiple_for_training_only(batch_by_size):
             required_batch_size_multiple=required_batch_size_multiple,
         )
 
-    setattr(batch_by_size_keeping_every_sentence, _TRAINING_MARK, True)
     batch_by_size_keeping_every_sentence.__doc__ = batch_by_size.__doc__
     return batch_by_size_keeping_every_sentence
 
@@ -86,6 +75,15 @@ def _marking_training_data(get_train_iterator):
             else:
                 task.get_batch_iterator = own
 
-    setattr(get_train_iterator_marking_its_dataset, _TRAINING_MARK, True)
     get_train_iterator_marking_its_dataset.__doc__ = get_train_iterator.__doc__
     return get_train_iterator_marking_its_dataset
+
+
+# Only training batches drop a last batch that is not a multiple of --required-batch-size-multiple.
+REPAIR = Repair(
+    "every sentence evaluated",
+    (
+        Replacement("fairseq.data.FairseqDataset", "batch_by_size", _multiple_for_training_only),
+        Replacement("fairseq.trainer.Trainer", "get_train_iterator", _marking_training_data),
+    ),
+)

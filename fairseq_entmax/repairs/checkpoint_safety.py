@@ -22,9 +22,9 @@ TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) nor on which function object a caller holds.
 checkpoint averaging reads with load_checkpoint_safely below.
 
 How a refusal ends a command: fairseq's console scripts give no hook around their main, and
-this package is imported (by --user-dir) only once they run, so an uncaught
-UnsafeCheckpointError is reported by a sys.excepthook installed at import: the message on
-stderr, no traceback, exit status 2 (any other exception goes to the previous hook).
+the plugin is loaded (by --user-dir) only once they run, so an uncaught UnsafeCheckpointError
+is reported by a sys.excepthook that this repair installs: the message on stderr, no
+traceback, exit status 2 (any other exception goes to the previous hook).
 """
 
 import argparse
@@ -35,6 +35,8 @@ import sys
 
 import numpy as np
 import torch
+
+from fairseq_entmax.repairs.patching import Repair, Replacement
 
 # numpy's function that rebuilds a pickled array: numpy._core.multiarray._reconstruct in
 # numpy 2, numpy.core.multiarray._reconstruct in numpy 1, the name a checkpoint saved under
@@ -60,8 +62,7 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 
 def load_checkpoint_safely(f, map_location="cpu", **kwargs):
     """torch.load(f) with the safe unpickler (weights_only=True, whatever torch's default or
-    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD say). Importing fairseq_entmax first (with fairseq
-    installed) allowlists the types fairseq checkpoints hold.
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD say), the types fairseq checkpoints hold allowlisted.
 
     Args:
         f: a path or an open binary file, as torch.load takes it.
@@ -77,7 +78,10 @@ def load_checkpoint_safely(f, map_location="cpu", **kwargs):
     """
     kwargs.pop("weights_only", None)
     try:
-        return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
+        # Only those not allowlisted already: leaving the context removes what it was given.
+        allowed = torch.serialization.get_safe_globals()
+        with torch.serialization.safe_globals([g for g in FAIRSEQ_CHECKPOINT_GLOBALS if g not in allowed]):
+            return torch.load(f, map_location=map_location, weights_only=True, **kwargs)
     except pickle.UnpicklingError as error:
         # a path, or an open file (as fairseq passes it)
         name = f if isinstance(f, (str, os.PathLike)) else getattr(f, "name", f)
@@ -109,20 +113,6 @@ class _TorchLoadingSafely:
         return getattr(torch, name)
 
 
-def allow_fairseq_checkpoints():
-    """Allowlist the types fairseq checkpoints hold, make every checkpoint fairseq reads go
-    through the safe unpickler with a clear refusal, and make a refusal end a command with
-    its message and exit status 2. Called when fairseq_entmax is imported, which
-    `--user-dir fairseq_entmax` does before any checkpoint is loaded."""
-    torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
-    from fairseq import checkpoint_utils
-
-    if not isinstance(checkpoint_utils.torch, _TorchLoadingSafely):
-        checkpoint_utils.torch = _TorchLoadingSafely()
-    if not getattr(sys.excepthook, "_fairseq_entmax_refusal", False):
-        sys.excepthook = _exiting_on_refusal(sys.excepthook)
-
-
 def _exiting_on_refusal(previous_hook):
     def excepthook(kind, error, traceback):
         # the refusal itself, or an exception raised while handling it
@@ -136,5 +126,31 @@ def _exiting_on_refusal(previous_hook):
         print(f"{program}: error: {refusal}", file=sys.stderr, flush=True)
         sys.exit(2)
 
-    excepthook._fairseq_entmax_refusal = True
     return excepthook
+
+
+_allowlist_before = []
+
+
+def _allowlist_fairseq_checkpoints():
+    # Also for torch.load calls of the user's own, as long as the plugin is loaded.
+    _allowlist_before[:] = torch.serialization.get_safe_globals()
+    torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+
+
+def _restore_allowlist():
+    torch.serialization.clear_safe_globals()
+    torch.serialization.add_safe_globals(_allowlist_before)
+
+
+# Every checkpoint fairseq reads goes through load_checkpoint_safely (fairseq.checkpoint_utils'
+# torch.load is the one it calls), and a refusal ends a command with its message and status 2.
+REPAIR = Repair(
+    "safe checkpoint loading",
+    (
+        Replacement("fairseq.checkpoint_utils", "torch", lambda torch_module: _TorchLoadingSafely()),
+        Replacement("sys", "excepthook", _exiting_on_refusal),
+    ),
+    on_install=_allowlist_fairseq_checkpoints,
+    on_uninstall=_restore_allowlist,
+)

@@ -12,7 +12,7 @@ continuation has a finite score, and fails on a search that runs out of them:
   probability 0 is not finalized either: a sentence without a finite hypothesis at that step
   stops fairseq-generate, -interactive and the hub with `AssertionError: <max_len> < <max_len>`.
 
-Importing fairseq_entmax (--user-dir) wraps SequenceGenerator._generate, for generators whose
+This repair wraps SequenceGenerator._generate, for generators whose
 models include one with a sparse output distribution (model.output_alpha != 1; softmax models
 are left to fairseq untouched). Each step of the search, a sentence none of whose hypotheses
 has a continuation of nonzero probability (after fairseq's own constraints: pad, --max-len,
@@ -33,7 +33,7 @@ import math
 
 import torch
 
-_WRAPPED_MARK = "_fairseq_entmax_sparse_outputs"
+from fairseq_entmax.repairs.patching import Repair, Replacement
 
 
 def dead_end_score(dtype):
@@ -57,24 +57,6 @@ def generates_sparse_outputs(generator):
     return any(getattr(model, "output_alpha", 1.0) != 1.0 for model in models)
 
 
-def repair_beam_search_for_sparse_outputs():
-    """Patch fairseq's SequenceGenerator (once) so that beam search with sparse output
-    distributions ends every sentence, without NaN. Called when fairseq_entmax is imported.
-
-    Two layers: `_generate` ends the sentences at a dead end and cuts their placeholders to the
-    best prefix of nonzero probability (each sentence keeps --beam hypotheses, as fairseq's
-    SequenceGeneratorWithAlignment expects when it computes their alignments); `generate`, of
-    both classes, then drops the placeholders where a sentence has finite hypotheses."""
-    from fairseq.sequence_generator import SequenceGenerator, SequenceGeneratorWithAlignment
-
-    if not getattr(SequenceGenerator._generate, _WRAPPED_MARK, False):
-        SequenceGenerator._generate = _ending_dead_ends(SequenceGenerator._generate)
-    for generator_class in (SequenceGenerator, SequenceGeneratorWithAlignment):
-        generate = vars(generator_class)["generate"]
-        if not getattr(generate, _WRAPPED_MARK, False):
-            generator_class.generate = _without_placeholders(generate)
-
-
 def _ending_dead_ends(generate):
     @functools.wraps(generate)
     def generate_ending_dead_ends(self, *args, **kwargs):
@@ -92,7 +74,6 @@ def _ending_dead_ends(generate):
                 search.step = own_step
         return [[_cut_at_dead_end(hypothesis, self.eos) for hypothesis in hypotheses] for hypotheses in finalized]
 
-    setattr(generate_ending_dead_ends, _WRAPPED_MARK, True)
     return generate_ending_dead_ends
 
 
@@ -105,7 +86,6 @@ def _without_placeholders(generate):
         length_penalty = self.len_penalty if self.normalize_scores else 0.0
         return [_finite_or_best_prefix(hypotheses, length_penalty) for hypotheses in finalized]
 
-    setattr(generate_without_placeholders, _WRAPPED_MARK, True)
     return generate_without_placeholders
 
 
@@ -170,3 +150,17 @@ def _finite_or_best_prefix(hypotheses, length_penalty):
         return float(hypothesis["positional_scores"][:-1].sum()) / length**length_penalty
 
     return [max(hypotheses, key=prefix_score)]
+
+
+# Two layers: `_generate` ends the sentences at a dead end and cuts their placeholders to the
+# best prefix of nonzero probability (each sentence keeps --beam hypotheses, as fairseq's
+# SequenceGeneratorWithAlignment expects when it computes their alignments); `generate`, of
+# both classes, then drops the placeholders where a sentence has finite hypotheses.
+REPAIR = Repair(
+    "beam search over sparse outputs",
+    (
+        Replacement("fairseq.sequence_generator.SequenceGenerator", "_generate", _ending_dead_ends),
+        Replacement("fairseq.sequence_generator.SequenceGenerator", "generate", _without_placeholders),
+        Replacement("fairseq.sequence_generator.SequenceGeneratorWithAlignment", "generate", _without_placeholders),
+    ),
+)

@@ -1,0 +1,233 @@
+"""The normalizers as torch modules: one per attention, called on its scores.
+
+`build_normalizer(name, num_heads, **options)` is the one factory: it knows every normalizer by
+name and binds its function once (compiled with torch.compile when asked). The module owns
+what the normalizer learns (the per-head alpha logits of learned alpha-entmax, their clamp and
+warm-up) and its own parameters (top-k's k, fraction and minimum), so an attention layer only
+calls it:
+
+    normalizer = build_normalizer("alpha_entmax", num_heads=8, alpha_init="random")
+    weights = normalizer(scores)   # scores: (batch * heads, queries, keys), -inf where masked
+
+Like the functions, these modules import torch only.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
+from fairseq_entmax.normalizers.entmax15 import entmax15
+from fairseq_entmax.normalizers.softmax import softmax
+from fairseq_entmax.normalizers.sparsemax import sparsemax
+from fairseq_entmax.normalizers.topk import topk_softmax
+
+# --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
+_MAX_SIGMOID = 1.0 - 1e-6
+
+
+def alpha_logit_for(alpha):
+    """The logit a with 1 + sigmoid(a) = alpha.
+
+    Args:
+        alpha: a number in (1, 2] (2 gives 1.999999).
+
+    Returns:
+        The logit, a float.
+    """
+    p = min(alpha - 1.0, _MAX_SIGMOID)
+    return math.log(p / (1.0 - p))
+
+
+class AttentionNormalizer(nn.Module):
+    """What every normalizer module has: its name, its number of heads, whether it learns
+    alpha, and its bound function.
+
+    Attributes:
+        name: the name build_normalizer knows it by.
+        num_heads: the heads of the attention it serves.
+        compiled: whether its function runs through torch.compile.
+    """
+
+    name = None
+    learns_alpha = False
+
+    def __init__(self, function, num_heads, compile_function=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.compiled = compile_function
+        # One graph for every batch shape (dynamic=True); fullgraph: a graph break is an error.
+        self.function = torch.compile(function, fullgraph=True, dynamic=True) if compile_function else function
+
+    def head_alpha(self):
+        """Each head's alpha.
+
+        Returns:
+            A float tensor of shape (num_heads,), or None for a normalizer that is no
+            alpha-entmax (top-k).
+        """
+        return None
+
+    def set_num_updates(self, num_updates):
+        """Follow fairseq's update count (a no-op but for learned alpha's warm-up).
+
+        Args:
+            num_updates: the number of updates done.
+        """
+
+    def extra_repr(self):
+        return f"num_heads={self.num_heads}" + (", compiled" if self.compiled else "")
+
+
+class FixedAlphaEntmax(AttentionNormalizer):
+    """softmax (alpha 1), entmax15 (alpha 1.5) or sparsemax (alpha 2): no parameters."""
+
+    def __init__(self, name, function, alpha, num_heads, compile_function=False):
+        super().__init__(function, num_heads, compile_function)
+        self.name = name
+        # Not saved: the module stores nothing, so its state dict is fairseq's attention's.
+        self.register_buffer("fixed_alpha", torch.full((num_heads,), alpha), persistent=False)
+
+    def head_alpha(self):
+        return self.fixed_alpha
+
+    def forward(self, scores):
+        """Args: scores (batch * heads, queries, keys). Returns: the weights, of that shape."""
+        return self.function(scores, dim=-1)
+
+
+class TopK(AttentionNormalizer):
+    """Top-k softmax: a fixed k per query, or with `fraction` F, max(minimum, ceil(F * n)) for
+    each query, n the number of keys it can see (scores not -inf: padding and future
+    positions excluded). Counting what each query sees makes k the same in training and in
+    incremental decoding, and independent of the batch's padding."""
+
+    name = "topk"
+
+    def __init__(self, num_heads, k=8, fraction=None, minimum=1, compile_function=False):
+        super().__init__(topk_softmax, num_heads, compile_function)
+        self.k = k
+        self.fraction = fraction
+        self.minimum = minimum
+
+    def keys_kept(self, scores):
+        """The number of keys kept per query.
+
+        Args:
+            scores: (batch * heads, queries, keys).
+
+        Returns:
+            The int k, or with a fraction a long tensor of shape (batch * heads, queries, 1).
+        """
+        if self.fraction is None:
+            return self.k
+        visible = (scores > float("-inf")).sum(dim=-1, keepdim=True)
+        # In float64, as math.ceil(F * n) would compute it.
+        return torch.ceil(visible.double() * self.fraction).long().clamp_(min=self.minimum)
+
+    def forward(self, scores):
+        """Args: scores (batch * heads, queries, keys). Returns: the weights, of that shape."""
+        return self.function(scores, self.keys_kept(scores), dim=-1)
+
+    def extra_repr(self):
+        kept = f"k={self.k}" if self.fraction is None else f"fraction={self.fraction}, minimum={self.minimum}"
+        return f"{super().extra_repr()}, {kept}"
+
+
+class LearnedAlphaEntmax(AttentionNormalizer):
+    """alpha-entmax with one learned alpha per head (Correia et al. 2019).
+
+    alpha = clamp(1 + sigmoid(alpha_logit), *clamp), alpha_logit initialised from N(0, 1)
+    (init="random", as the authors did) or so that every head starts at `init`. With
+    warmup_updates N > 0, a head uses 1 + min(1, t / N) * (alpha - 1) at update t: softmax
+    at update 0, its learned alpha from update N on.
+    """
+
+    name = "alpha_entmax"
+    learns_alpha = True
+
+    def __init__(self, num_heads, init="random", clamp=(1.01, 2.0), warmup_updates=0, compile_function=False):
+        super().__init__(alpha_entmax, num_heads, compile_function)
+        self.init = init
+        self.clamp = (float(clamp[0]), float(clamp[1]))
+        self.warmup_updates = warmup_updates
+        # How far each head's alpha is from 1 towards its learned alpha (set_num_updates).
+        self.warmup_fraction = 1.0
+        if init == "random":
+            initial = torch.randn(num_heads)
+        else:
+            initial = torch.full((num_heads,), alpha_logit_for(float(init)))
+        self.alpha_logit = nn.Parameter(initial)
+
+    def set_num_updates(self, num_updates):
+        if self.warmup_updates:
+            self.warmup_fraction = min(1.0, num_updates / self.warmup_updates)
+
+    def learned_alpha(self):
+        """The clamped 1 + sigmoid(alpha_logit) of each head, before any warm-up."""
+        low, high = self.clamp
+        return torch.clamp(1.0 + torch.sigmoid(self.alpha_logit.float()), low, high)
+
+    def head_alpha(self):
+        alpha = self.learned_alpha()
+        if self.warmup_fraction < 1.0:
+            alpha = 1.0 + self.warmup_fraction * (alpha - 1.0)
+        return alpha
+
+    def forward(self, scores):
+        """Args: scores (batch * heads, queries, keys). Returns: the weights, of that shape."""
+        per_head = scores.view(-1, self.num_heads, scores.size(1), scores.size(2))
+        alpha = self.head_alpha().view(1, self.num_heads, 1, 1)
+        # The clamp bounds alpha: the sync-free path (GPUs, torch.compile) takes the search for
+        # alpha <= 2 from it instead of reading alpha's values.
+        return self.function(per_head, alpha, dim=-1, max_alpha=self.clamp[1]).view_as(scores)
+
+    def extra_repr(self):
+        text = f"{super().extra_repr()}, clamp={self.clamp}"
+        return text + (f", warmup_updates={self.warmup_updates}" if self.warmup_updates else "")
+
+
+_FIXED_ALPHA = {"softmax": (softmax, 1.0), "entmax15": (entmax15, 1.5), "sparsemax": (sparsemax, 2.0)}
+NORMALIZER_NAMES = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
+
+
+def build_normalizer(
+    name,
+    num_heads,
+    *,
+    alpha_init="random",
+    alpha_clamp=(1.01, 2.0),
+    alpha_warmup_updates=0,
+    topk=8,
+    topk_fraction=None,
+    topk_min=1,
+    compile_function=False,
+):
+    """The normalizer module of one attention.
+
+    Args:
+        name: one of NORMALIZER_NAMES.
+        num_heads: the attention's heads.
+        alpha_init, alpha_clamp, alpha_warmup_updates: learned alpha-entmax's initial alpha
+            ("random" or a number in (1, 2]), its clamp (MIN, MAX) and its warm-up in updates
+            (see LearnedAlphaEntmax); ignored by the others.
+        topk, topk_fraction, topk_min: top-k's k, or its fraction of the visible keys and
+            minimum (see TopK); ignored by the others.
+        compile_function: run the normalizer's function through torch.compile.
+
+    Returns:
+        An AttentionNormalizer.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones. The options' values are
+            checked where they are read, by the parsers of fairseq_entmax.options.
+    """
+    if name in _FIXED_ALPHA:
+        function, alpha = _FIXED_ALPHA[name]
+        return FixedAlphaEntmax(name, function, alpha, num_heads, compile_function)
+    if name == "alpha_entmax":
+        return LearnedAlphaEntmax(num_heads, alpha_init, alpha_clamp, alpha_warmup_updates, compile_function)
+    if name == "topk":
+        return TopK(num_heads, topk, topk_fraction, topk_min, compile_function)
+    raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")

@@ -1,0 +1,101 @@
+"""The normalizer modules (fairseq_entmax.normalizers.layers): one factory, modules that call
+their function on the scores, own their learned alphas and survive a deep copy (fairseq's
+--ema) as independent copies."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fairseq_entmax.normalizers import (
+    NORMALIZER_NAMES,
+    LearnedAlphaEntmax,
+    alpha_entmax,
+    build_normalizer,
+    entmax15,
+    softmax,
+    sparsemax,
+    topk_softmax,
+)
+
+HEADS = 4
+
+
+def scores(batch=2, queries=3, keys=7, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(batch * HEADS, queries, keys, generator=generator)
+    values[:, :, -2:] = float("-inf")  # padding
+    return values
+
+
+@pytest.mark.parametrize(
+    "name, function, alpha",
+    [("softmax", softmax, 1.0), ("entmax15", entmax15, 1.5), ("sparsemax", sparsemax, 2.0)],
+)
+def test_fixed_alpha_modules_call_their_function_and_report_their_alpha(name, function, alpha):
+    normalizer = build_normalizer(name, HEADS)
+    x = scores()
+    assert normalizer.name == name and not normalizer.learns_alpha
+    torch.testing.assert_close(normalizer(x), function(x, dim=-1), rtol=0, atol=0)
+    assert torch.equal(normalizer.head_alpha(), torch.full((HEADS,), alpha))
+    assert list(normalizer.state_dict()) == []  # nothing stored: a fairseq attention's keys
+
+
+def test_learned_alpha_uses_one_alpha_per_head():
+    normalizer = build_normalizer("alpha_entmax", HEADS, alpha_init="random")
+    x = scores()
+    alpha = (1 + torch.sigmoid(normalizer.alpha_logit.detach())).clamp(1.01, 2.0)
+    expected = alpha_entmax(x.view(-1, HEADS, 3, 7), alpha.view(1, HEADS, 1, 1), dim=-1).view_as(x)
+    torch.testing.assert_close(normalizer(x).detach(), expected, rtol=0, atol=0)
+    assert list(normalizer.state_dict()) == ["alpha_logit"]
+    normalizer(x).sum().backward()
+    assert normalizer.alpha_logit.grad is not None and normalizer.alpha_logit.grad.shape == (HEADS,)
+
+
+def test_learned_alpha_starts_at_alpha_init_and_warms_up_from_softmax():
+    normalizer = build_normalizer("alpha_entmax", HEADS, alpha_init=1.5, alpha_warmup_updates=10)
+    torch.testing.assert_close(normalizer.learned_alpha().detach(), torch.full((HEADS,), 1.5))
+    normalizer.set_num_updates(0)
+    assert torch.equal(normalizer.head_alpha().detach(), torch.ones(HEADS))
+    normalizer.set_num_updates(5)
+    torch.testing.assert_close(normalizer.head_alpha().detach(), torch.full((HEADS,), 1.25))
+    normalizer.set_num_updates(20)
+    torch.testing.assert_close(normalizer.head_alpha().detach(), torch.full((HEADS,), 1.5))
+
+
+def test_topk_keeps_k_or_a_fraction_of_the_visible_keys():
+    x = scores()
+    fixed = build_normalizer("topk", HEADS, topk=2)
+    torch.testing.assert_close(fixed(x), topk_softmax(x, 2, dim=-1), rtol=0, atol=0)
+    assert fixed.head_alpha() is None
+    # 5 visible keys: ceil(0.5 * 5) = 3 kept, at least the minimum of 4.
+    assert (build_normalizer("topk", HEADS, topk_fraction=0.5)(x) > 0).sum(-1).eq(3).all()
+    assert (build_normalizer("topk", HEADS, topk_fraction=0.5, topk_min=4)(x) > 0).sum(-1).eq(4).all()
+
+
+def test_a_deep_copy_follows_its_own_alphas():
+    """fairseq's --ema keeps a deep copy of the model: its normalizers must use the copy's
+    alpha_logit, not the original's."""
+    original = build_normalizer("alpha_entmax", HEADS, alpha_init=1.2)
+    copied = copy.deepcopy(original)
+    with torch.no_grad():
+        original.alpha_logit.fill_(10.0)  # alpha 2 in the original
+    x = scores()
+    assert not torch.equal(original(x), copied(x))
+    expected = alpha_entmax(x.view(-1, HEADS, 3, 7), torch.full((1, HEADS, 1, 1), 1.2), dim=-1).view_as(x)
+    torch.testing.assert_close(copied(x).detach(), expected, atol=1e-6, rtol=0)
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ValueError) as error:
+        build_normalizer("entmax", HEADS)
+    for name in NORMALIZER_NAMES:
+        assert name in str(error.value)
+
+
+def test_alpha_init_two_starts_just_below_two():
+    normalizer = build_normalizer("alpha_entmax", HEADS, alpha_init=2.0)
+    assert isinstance(normalizer, LearnedAlphaEntmax)
+    assert math.isfinite(float(normalizer.alpha_logit.detach()[0]))
+    torch.testing.assert_close(normalizer.learned_alpha().detach(), torch.full((HEADS,), 2.0), atol=2e-6, rtol=0)
