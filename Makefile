@@ -37,11 +37,13 @@ demo: setup
 	$(PY) -m examples.quickstart.quickstart
 
 # One worker per core (pytest-xdist): most tests wait on fairseq commands run one at a time.
+# --dist loadfile: a file's tests stay on one worker, which runs its module fixtures (a recipe,
+# quickstart or training run of up to minutes) once.
 test: setup
-	$(PY) -m pytest tests -q -n auto --dist loadgroup
+	$(PY) -m pytest tests -q -n auto --dist loadfile
 
 # The inner loop: every test not marked slow (the slow ones train through fairseq-train or
-# run a recipe; tests/conftest.py says which): about a minute of CPU time.
+# run a recipe; each test file says which): about a minute of CPU time.
 test-fast: setup
 	$(PY) -m pytest tests -q -m "not slow" -n auto
 
