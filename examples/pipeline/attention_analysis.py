@@ -8,7 +8,6 @@ from pathlib import Path
 from .markers import done_with_same_settings, fingerprint, mark_done
 from .tools import BIN_DIR, log, run_logged, user_dir
 
-
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
 SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
 
