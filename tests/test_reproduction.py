@@ -413,3 +413,22 @@ def test_the_learning_curves_figure_draws_every_variant(tmp_path, monkeypatch):
     figure = reduced_scale.learning_curves_figure(curves, tmp_path / "learning_curves.png")
     assert figure == tmp_path / "learning_curves.png" and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert drawn == seeds
+
+
+def test_runs_of_a_variant_validated_at_different_updates_are_still_drawn(tmp_path, monkeypatch):
+    """Without updates common to its runs a variant has no mean: its runs are drawn one by
+    one rather than left out of the figure."""
+    from fairseq_entmax.analysis import plots
+
+    figures = []
+    monkeypatch.setattr(plots.plt, "close", figures.append)
+    curves = {
+        "softmax-seed1": {"num_updates": [86, 172], "ppl": [50.0, 20.0]},
+        "softmax-seed2": {"num_updates": [86, 172], "ppl": [52.0, 21.0]},
+        "topk-seed1": {"num_updates": [90, 180], "ppl": [60.0, 25.0]},
+        "topk-seed2": {"num_updates": [85, 170], "ppl": [61.0, 26.0]},
+    }
+    assert reduced_scale.learning_curves_figure(curves, tmp_path / "curves.png") == tmp_path / "curves.png"
+    (figure,) = figures
+    _, labels = figure.axes[0].get_legend_handles_labels()
+    assert labels == ["softmax (mean of 2 runs)", "topk (2 runs, each drawn)"]
