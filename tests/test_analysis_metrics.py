@@ -116,11 +116,15 @@ def test_running_sums_over_batches_equal_one_pass():
     key_mask = all_real(6, 7)[:, None, :]
     tokens = torch.randint(0, 5, (6, 7))
     continues = torch.tensor([False, True, False, True, False])
+    questions = tokens == 4
     whole, parts = HeadStatistics(4), HeadStatistics(4)
-    whole.update(weights, query_mask, key_mask, tokens, continues)
+    whole.update(weights, query_mask, key_mask, tokens, continues, question_keys=questions)
     for rows in (slice(0, 2), slice(2, 6)):
-        parts.update(weights[:, rows], query_mask[rows], key_mask[rows], tokens[rows], continues)
-    for method in ("density_fraction", "density_count", "previous_token", "next_token", "bpe_merging"):
+        parts.update(
+            weights[:, rows], query_mask[rows], key_mask[rows], tokens[rows], continues, question_keys=questions[rows]
+        )
+    methods = ("density_fraction", "density_count", "previous_token", "next_token", "bpe_merging", "interrogation")
+    for method in methods:
         assert getattr(parts, method)() == pytest.approx(getattr(whole, method)()), method
     assert parts.js() == pytest.approx(whole.js())
 
@@ -195,3 +199,72 @@ def test_bpe_merging_is_undefined_without_multi_piece_words():
 def test_wrong_weight_shape_is_refused_with_the_expected_layout():
     with pytest.raises(ValueError, match=r"\(heads=4, batch, queries, keys\)"):
         HeadStatistics(4).update(torch.ones(2, 1, 3, 3), all_real(1, 3), all_real(1, 3)[:, None, :])
+
+
+# --- interrogation heads -------------------------------------------------------------------
+
+
+def test_interrogation_score_is_the_mass_on_question_marks_over_sentences_that_have_one():
+    # sentence 0: "wo ist das ? </s>", the question mark at key 3; sentence 1: no question mark,
+    # two padding positions at the end
+    query_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    key_mask = query_mask[:, None, :]
+    questions = torch.zeros(2, 5, dtype=torch.bool)
+    questions[0, 3] = True
+    on_question = torch.zeros(2, 5, 5)
+    on_question[0, :, 3] = 1.0
+    on_question[1, :, 0] = 1.0  # nowhere to look: must not count
+    uniform = key_mask.float().expand(2, 5, 5) / key_mask.sum(-1, keepdim=True)
+    first_token = torch.zeros(2, 5, 5)
+    first_token[:, :, 0] = 1.0
+    half = 0.5 * on_question + 0.5 * first_token
+    weights = torch.stack([on_question, uniform, first_token, half])
+    stats = HeadStatistics(4)
+    stats.update(weights, query_mask, key_mask, question_keys=questions)
+    # the 5 queries of sentence 0: all, a fifth, none and half of their weight on "?"
+    assert stats.interrogation() == pytest.approx([1.0, 0.2, 0.0, 0.5])
+    assert stats.question_queries == 5
+
+
+def test_a_causal_query_counts_only_once_it_can_see_the_question_mark():
+    # decoder self-attention over "</s> wo ? ja": the question mark at position 2 is seen by
+    # queries 2 and 3 only, to which uniform attention gives it a third and a quarter
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    weights = (causal.float() / causal.sum(-1, keepdim=True))[None, None]
+    questions = torch.tensor([[False, False, True, False]])
+    stats = HeadStatistics(1)
+    stats.update(weights, all_real(1, 4), causal[None], question_keys=questions)
+    assert stats.interrogation() == pytest.approx([(1 / 3 + 1 / 4) / 2])
+    assert stats.question_queries == 2
+
+
+def test_cross_attention_counts_question_marks_among_the_source_keys():
+    # 3 target queries over 4 source keys, "?" the source's third token
+    weights = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.5, 0.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0]])[None, None]
+    questions = torch.tensor([[False, False, True, False]])
+    stats = HeadStatistics(1)
+    stats.update(weights, all_real(1, 3), all_real(1, 4)[:, None, :], question_keys=questions)
+    assert stats.interrogation() == pytest.approx([(1.0 + 0.5 + 0.0) / 3])
+
+
+def test_interrogation_is_undefined_without_question_marks():
+    weights = torch.full((2, 1, 3, 3), 1 / 3)
+    stats = HeadStatistics(2)
+    stats.update(weights, all_real(1, 3), all_real(1, 3)[:, None, :], question_keys=torch.zeros(1, 3, dtype=torch.bool))
+    assert stats.interrogation() == [None, None]
+    stats = HeadStatistics(2)
+    stats.update(weights, all_real(1, 3), all_real(1, 3)[:, None, :])  # no question marks given
+    assert stats.interrogation() == [None, None]
+
+
+def test_question_marks_are_the_dictionary_entries_that_are_exactly_a_question_mark():
+    from fairseq.data import Dictionary
+
+    from fairseq_entmax.analysis.runner import _question_table
+
+    dictionary = Dictionary()
+    for symbol in ("wo", "?", "?@@", "¿", "was?", "ist"):
+        dictionary.add_symbol(symbol)
+    table = _question_table(dictionary)
+    assert [dictionary[i] for i in table.nonzero().flatten().tolist()] == ["?"]
+    assert len(table) == len(dictionary)

@@ -230,7 +230,7 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
     assert [m["name"] for m in analysis["models"]] == ["softmax", "alpha", "topk"]
     for model in analysis["models"]:
         assert model["sentences"] == 24
-        for key in ("path", "alpha", "density", "js", "positional_heads", "bpe_merging_heads"):
+        for key in ("path", "alpha", "density", "js", "positional_heads", "bpe_merging_heads", "interrogation_heads"):
             assert key in model, key
         assert len(model["alpha"]) == len(model["density"]) == 3 * LAYERS * HEADS
         assert {r["attention"] for r in model["density"]} == set(ATTENTION_TYPES)
@@ -281,6 +281,11 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
             if r[d] is not None and r[d] >= analysis["positional_threshold"]
         }
         assert listed == above
+        # interrogation scores for every head of every attention type; the toy corpus has no
+        # "?" token, so none has a question mark to attend to and no head is listed
+        assert len(model["interrogation"]) == 3 * LAYERS * HEADS
+        assert all(r["mass"] is None for r in model["interrogation"]) and model["interrogation_heads"] == []
+    assert analysis["interrogation_threshold"] == 0.5
 
     # tables: one row per model and head / layer / type
     with open(output_dir / "comparison.csv") as f:
@@ -289,6 +294,7 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         (m, a) for m in ("softmax", "alpha", "topk") for a in ATTENTION_TYPES
     ]
     assert {r["normalizer"] for r in comparison if r["model"] == "alpha"} == {"alpha_entmax"}
+    assert all(r["interrogation_heads"] == "0" for r in comparison)
     with open(output_dir / "density_heads.csv") as f:
         assert len(list(csv.DictReader(f))) == 3 * 3 * LAYERS * HEADS
     for table in (
@@ -300,6 +306,8 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         "positional_heads.csv",
         "bpe_merging.csv",
         "bpe_merging_heads.csv",
+        "interrogation.csv",
+        "interrogation_heads.csv",
     ):
         assert (output_dir / table).read_text().startswith("model,attention,"), table
 
@@ -354,6 +362,35 @@ def test_python_api_reads_per_head_alpha_from_the_recorded_tensorboard_log(alpha
         assert from_log[(attention, "mean")]["values"] == pytest.approx(tensorboard_mean["values"], abs=1e-4)
     assert not list((tmp_path / "out").glob("*.png"))
     assert (tmp_path / "out" / "analysis.json").exists()
+
+
+def test_interrogation_scores_are_the_mass_on_the_question_mark_keys(trained_model, tiny_data, tmp_path, monkeypatch):
+    """The toy corpus has no "?": one of its source words stands in for it. Encoder self- and
+    cross attention (whose keys are source tokens) then score every head, decoder
+    self-attention (target tokens) none; a threshold of 0 lists every scored head."""
+    from fairseq_entmax.analysis import runner
+
+    monkeypatch.setattr(runner, "QUESTION_MARK", "s3")
+    checkpoint = trained_model("alpha_entmax").checkpoint
+    analysis = analyze(
+        [checkpoint],
+        tiny_data.data_bin,
+        tmp_path / "out",
+        figures=False,
+        progress=False,
+        interrogation_threshold=0.0,
+    )
+    (model,) = analysis["models"]
+    for attention in ATTENTION_TYPES:
+        masses = [r["mass"] for r in rows(model, "interrogation", attention)]
+        assert len(masses) == LAYERS * HEADS, attention
+        if attention == "decoder_self":
+            assert masses == [None] * len(masses)
+        else:
+            assert all(m is not None and 0.0 <= m <= 1.0 for m in masses), (attention, masses)
+    scored = [(r["attention"], r["layer"], r["head"]) for r in model["interrogation"] if r["mass"] is not None]
+    assert [(r["attention"], r["layer"], r["head"]) for r in model["interrogation_heads"]] == scored
+    assert analysis["interrogation_threshold"] == 0.0
 
 
 def test_bad_input_is_reported_with_what_to_do(tiny_data, tmp_path, capsys):

@@ -1,7 +1,8 @@
 """The quickstart (`make demo`) as a user runs it: examples/quickstart/quickstart.py end to end
 at its --tiny size (toy corpus, BPE, fairseq-preprocess, four fairseq-train runs,
-fairseq-generate, sacrebleu, fairseq-entmax-analyze, table), on a user's own corpus, with bad
-input, and resumed after an interrupt."""
+fairseq-generate, sacrebleu, fairseq-entmax-analyze, table), on a user's own corpus (trained
+until the patience or the cap stops it, the table saying which), with bad input, and resumed
+after an interrupt."""
 
 import json
 import os
@@ -58,6 +59,12 @@ def test_quickstart_prints_one_row_per_model_with_scores_density_alpha_and_time(
     assert "alpha" not in rows["topk"] or not rows["topk"]["alpha"]
     assert "BLEU: nrefs:1" in output and "chrF: nrefs:1" in output
     assert list((work / "analysis").glob("*.png")), "fairseq-entmax-analyze wrote no figures"
+    # The toy pair keeps its fixed budget: no patience, the last checkpoint, no stopping column.
+    for variant in VARIANTS:
+        command = (work / "models" / f"{variant}-seed1" / "train.log").read_text().splitlines()[0].split()
+        assert "--patience" not in command and command[command.index("--max-update") + 1] == "20"
+        assert Path(rows[variant]["checkpoint"]).name == "checkpoint_last.pt"
+    assert "stopped by" not in output and "converged" not in output
 
 
 def test_quickstart_translations_cover_the_test_set(tiny_demo):
@@ -147,6 +154,8 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
         "softmax",
         "--max-update",
         "400",
+        "--patience",
+        "0",
         "--work-dir",
         work,
     ]
@@ -191,12 +200,23 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     assert (work / "tok" / "train.src").exists(), "the user's corpus was not Moses-tokenised"
     assert "| softmax " in resumed.stdout
     assert "| tok BLEU |" in (work / "results.md").read_text(), "no tokenized BLEU column in the table"
+    # --patience 0: trained to the cap of 400 updates, and the table says the model may not
+    # have converged; the checkpoint evaluated is the best by validation accuracy.
+    assert rows[0]["updates"] == 400 and rows[0]["stopped_early"] is False
+    assert Path(rows[0]["checkpoint"]).name == "checkpoint_best.pt"
+    results = (work / "results.md").read_text()
+    table_row = next(line for line in results.splitlines() if line.startswith("| softmax "))
+    assert [cell.strip() for cell in table_row.split("|")[-3:-1]] == [f"400 ({rows[0]['best_update']})", "cap"]
+    note = "Not converged: softmax stopped at the cap of 400 updates"
+    assert note in results and note in resumed.stdout and "compares unconverged models" in results
 
 
-def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tmp_path):
+def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(tmp_path):
     """A user's corpus without --tiny: BPE sized by the rule (300 pairs: 1000 merges), the plan
-    and its time estimate printed before training, and --max-update replacing the sized number
-    of updates (6 here, so that the 3+3-layer model trains in seconds)."""
+    and its time estimate printed before training, --max-update replacing the sized cap (40
+    here), and a learning rate of ~0, with which validation accuracy cannot improve: the
+    patience of 3 epochs stops the 3+3-layer model after 4 epochs, in seconds, and the table
+    says so."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
     proc = run(
@@ -211,7 +231,9 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tm
             "--models",
             "softmax",
             "--max-update",
-            "6",
+            "40",
+            "--lr",
+            "1e-12",
             "--work-dir",
             work,
         ],
@@ -222,13 +244,25 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_max_update_overrides(tm
     assert "bpe: learning 1000 joint merges" in output
     plan = next(line for line in output.splitlines() if "] plan: " in line)
     assert "300 training pairs" in plan and "1000 BPE merges" in plan
-    assert "6 updates of 2048 tokens per model" in plan and "(--max-update)" in plan
-    assert "3+3 layers of width 128" in plan
-    estimate = next(line for line in output.splitlines() if "] estimate: about " in line)
-    assert "1 model(s)" in estimate and "translating 20 test sentences" in estimate
-    assert output.index("] estimate: ") < output.index("training (6 updates)")
-    command = (work / "models" / "softmax-seed1" / "train.log").read_text().splitlines()[0].split()
-    assert command[command.index("--max-update") + 1] == "6"
-    assert command[command.index("--warmup-updates") + 1] == "1"  # at most a quarter of the updates
+    assert "at most 40 updates of 2048 tokens per model" in plan and "(--max-update)" in plan
+    assert "not improved for 3 epochs" in plan and "3+3 layers of width 128" in plan
+    estimate = next(line for line in output.splitlines() if "] estimate: at most about " in line)
+    assert "1 model(s)" in estimate and "each at the cap" in estimate and "translating 20 test sentences" in estimate
+    assert output.index("] estimate: ") < output.index("training (40 updates)")
+    train_log = (work / "models" / "softmax-seed1" / "train.log").read_text()
+    command = train_log.splitlines()[0].split()
+    assert command[command.index("--max-update") + 1] == "40"
+    assert command[command.index("--warmup-updates") + 1] == "10"  # at most a quarter of the updates
     assert command[command.index("--encoder-layers") + 1] == "3"
-    assert [row["model"] for row in json.loads((work / "results.json").read_text())] == ["softmax"]
+    assert command[command.index("--patience") + 1] == "3"
+    assert command[command.index("--best-checkpoint-metric") + 1] == "accuracy"
+    assert "early stop since valid performance hasn't improved for last 3 runs" in train_log
+    [row] = json.loads((work / "results.json").read_text())
+    assert row["model"] == "softmax" and row["stopped_early"] is True and row["epochs"] == 4
+    assert row["updates"] < 40 and Path(row["checkpoint"]).name == "checkpoint_best.pt"
+    table_row = next(line for line in output.splitlines() if line.startswith("| softmax "))
+    assert [cell.strip() for cell in table_row.split("|")[-3:-1]] == [
+        f"{row['updates']} ({row['best_update']})",
+        "patience",
+    ]
+    assert "Every model stopped on the patience" in output and "unconverged" not in output

@@ -8,6 +8,18 @@ from pathlib import Path
 from .markers import done_with_same_settings, fingerprint, mark_done
 from .tools import BIN_DIR, log, run_logged, user_dir
 
+# The kinds of specialised heads analysis.json lists, as "<kind>_heads".
+SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
+
+
+def _heads_listed(model, kind):
+    """How many heads analysis.json lists as `kind` (a positional head once, whichever its
+    directions); None when the analysis has no such list (made before it was added)."""
+    listed = model.get(f"{kind}_heads")
+    if listed is None:
+        return None
+    return len({(r["attention"], r["layer"], r["head"]) for r in listed})
+
 
 def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
     """The fairseq-entmax-analyze command.
@@ -52,8 +64,11 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         num_sentences: analyse only that many sentences (None: all).
 
     Returns:
-        {label: {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}}}, the
-        alpha of types without one left out; None when fairseq-entmax-analyze is not installed.
+        {label: {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}, "js":
+        {type: head diversity, mean over layers}, "specialised_heads": {"positional",
+        "bpe_merging", "interrogation": number of heads listed}}}, the alpha of types without
+        one left out, a kind of head the analysis did not report None; None when
+        fairseq-entmax-analyze is not installed.
 
     Raises:
         ToolError: the analysis failed.
@@ -80,14 +95,19 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     summary = {}
     for label in checkpoints:
         model = models[label]
-        density, alphas = defaultdict(list), defaultdict(list)
+        density, alphas, js = defaultdict(list), defaultdict(list), defaultdict(list)
         for row in model["density"]:
             density[row["attention"]].append(row["fraction"])
         for row in model["alpha"]:
             if row["alpha"] is not None:
                 alphas[row["attention"]].append(row["alpha"])
+        for row in model["js"]:
+            if row["js"] is not None:
+                js[row["attention"]].append(row["js"])
         summary[label] = {
             "density": {t: sum(v) / len(v) for t, v in density.items()},
             "alpha": {t: (sum(v) / len(v), min(v), max(v)) for t, v in alphas.items()},
+            "js": {t: sum(v) / len(v) for t, v in js.items()},
+            "specialised_heads": {kind: _heads_listed(model, kind) for kind in SPECIALISED_HEADS},
         }
     return summary

@@ -5,14 +5,18 @@ import math
 _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
 
 
-def format_table(rows, bleu_tok=False):
+def format_table(rows, bleu_tok=False, training=False):
     """The results table.
 
     Args:
         rows: one dict per model, with model, bleu, chrf, bleu_tok (with `bleu_tok`),
             train_seconds, and from the analysis density ({type: mean fraction}) and alpha
-            ({type: (mean, min, max)}), either of which may be missing.
+            ({type: (mean, min, max)}), either of which may be missing; with `training`, what
+            examples.pipeline.training.training_summary read (updates, best_update,
+            stopped_early).
         bleu_tok: whether to show the tokenized BLEU column.
+        training: whether to show how training went: the updates (and the best one's) and
+            whether the patience or the update cap stopped it.
 
     Returns:
         A Markdown table, readable as plain text too.
@@ -24,7 +28,7 @@ def format_table(rows, bleu_tok=False):
     header = ["model"] + (["tok BLEU"] if bleu_tok else []) + ["BLEU", "chrF"]
     header += [f"density {_SHORT[t]}" for t in ATTENTION_TYPES]
     header += [f"alpha {_SHORT[t]} mean (min-max)" for t in ATTENTION_TYPES]
-    header += ["train time"]
+    header += ["train time"] + (["updates (best)", "stopped by"] if training else [])
     lines = [header]
     for row in rows:
         density = row.get("density") or {}
@@ -36,6 +40,11 @@ def format_table(rows, bleu_tok=False):
             f"{alpha[t][0]:.2f} ({alpha[t][1]:.2f}-{alpha[t][2]:.2f})" if t in alpha else "-" for t in ATTENTION_TYPES
         ]
         cells.append(format_seconds(row["train_seconds"]))
+        if training:
+            updates = "-" if row.get("updates") is None else str(row["updates"])
+            if row.get("best_update") is not None:
+                updates += f" ({row['best_update']})"
+            cells += [updates, "patience" if row.get("stopped_early") else "cap"]
         lines.append(cells)
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     text = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(line, widths)) + " |" for line in lines]

@@ -297,3 +297,41 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     mark_done(done, {"seconds": seconds})
     log(f"{label}: trained in {seconds:.0f} s")
     return seconds
+
+
+# fairseq-train's message when --patience stops a run before --max-update.
+PATIENCE_STOP_MESSAGE = "early stop since valid performance hasn't improved"
+
+
+def training_summary(train_log):
+    """What fairseq's log says of a finished training.
+
+    Args:
+        train_log: fairseq-train's log file.
+
+    Returns:
+        {"stopped_early" (the patience stopped it, before the update cap), "updates",
+        "epochs", "valid_ppl"} (the last validation's), and with a logged accuracy
+        "best_update", "best_valid_accuracy", "best_valid_ppl" (best = highest accuracy, the
+        first validation to reach it, as fairseq keeps checkpoint_best.pt); None for what the
+        log lacks.
+    """
+    # Imported here: importing fairseq_entmax imports fairseq (seconds).
+    from fairseq_entmax.analysis.training_log import read_validation_curve
+
+    text = Path(train_log).read_text(encoding="utf-8", errors="replace")
+    curve = read_validation_curve(train_log)
+    summary = {
+        "stopped_early": PATIENCE_STOP_MESSAGE in text,
+        "updates": curve["num_updates"][-1] if curve else None,
+        "epochs": len(set(re.findall(r"\| valid \| epoch (\d+)", text))) or None,
+        "valid_ppl": curve["ppl"][-1] if curve and "ppl" in curve else None,
+    }
+    if curve and "accuracy" in curve:
+        best = max(range(len(curve["accuracy"])), key=curve["accuracy"].__getitem__)
+        summary.update(
+            best_update=curve["num_updates"][best],
+            best_valid_accuracy=curve["accuracy"][best],
+            best_valid_ppl=curve["ppl"][best],
+        )
+    return summary

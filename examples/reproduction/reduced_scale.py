@@ -1,15 +1,16 @@
 """Reduced-scale reproduction of Correia et al. (2019) on real data that fits a CPU.
 
 Does sparse attention cost accuracy? Softmax, 1.5-entmax and learned alpha-entmax (the paper's
-three; top-k with k = 8 on request) small Transformers, trained with the same size, data and
-schedule, several seeds each, then evaluated on the test set: tokenized BLEU, sacreBLEU, chrF,
-paired bootstrap resampling against softmax, training time, validation learning curves,
-attention density, head diversity and learned alphas. See docs/reproduction.md.
+three; top-k with k = 8 and sparsemax on request) small Transformers, trained with the same
+size, data and schedule, several seeds each, then evaluated on the test set: tokenized BLEU,
+sacreBLEU, chrF, the difference to softmax paired by seed with its 95% interval, paired
+bootstrap resampling against softmax, training time, validation learning curves, attention
+density, head diversity, specialised heads and learned alphas. See docs/reproduction.md.
 
     # converged: Multi30k de-en, trained until validation accuracy stops improving
     .venv/bin/python -m examples.reproduction.reduced_scale
-    # the early-training point: TED sample, 1600 updates
-    .venv/bin/python -m examples.reproduction.reduced_scale --budget early
+    # a variant with seeds of its own: VARIANT:SEED[,SEED...]
+    .venv/bin/python -m examples.reproduction.reduced_scale --models softmax topk sparsemax:1
     .venv/bin/python -m examples.reproduction.reduced_scale --budget tiny     # every stage in minutes
 
 Resumable: rerun the same command after an interruption; finished models are not retrained.
@@ -18,7 +19,7 @@ Resumable: rerun the same command after an interruption; finished models are not
 import argparse
 import json
 import logging
-import re
+import math
 import statistics
 import sys
 import time
@@ -32,13 +33,14 @@ from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import VARIANTS, TrainSettings, model_size_args
+from examples.pipeline.training import VARIANTS, TrainSettings, model_size_args, training_summary
 
 REPO = Path(__file__).resolve().parents[2]
 
 SHARED_DATA = REPO.parent / "shared" / "data"
 SRC, TGT = "de", "en"
 PAPER_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
+BASELINE = "softmax"
 
 # The paper's recipe scaled down (examples/translation/tasks.py has the full-size one):
 # pre-norm, dropout 0.1 on the residuals, the attention weights and the ReLU output, Adam
@@ -53,23 +55,11 @@ PAPER_ARCHITECTURE = {
     "weight_decay": 0.0,
     "best_metric": "accuracy",
 }
-# The recipes before the paper-fidelity review: post-norm, no attention or activation dropout.
-EARLY_ARCHITECTURE = {
-    "normalize_before": False,
-    "attention_dropout": 0.0,
-    "activation_dropout": 0.0,
-    "adam_betas": (0.9, 0.98),
-    "adam_eps": 1e-8,
-    "weight_decay": 0.0001,
-    "best_metric": "loss",
-}
 
 # "converged": Multi30k de-en (29k short captions), a 3+3-layer model of width 128, trained
 #   until validation accuracy has not improved for `patience` epochs (the update cap is a
 #   safety net, not the stopping rule), evaluated with the best checkpoint. Sized from a pilot
 #   (docs/reproduction.md).
-# "early": the early-training point of 2026-11-29 (TED sample, 1600 updates, ~5 epochs, the
-#   average of the last 3 states), with the recipe of that day.
 # "tiny": the converged budget's stages in minutes, to check the script.
 BUDGETS = {
     "converged": {
@@ -93,29 +83,6 @@ BUDGETS = {
         "train_lines": 10000,
         "test_lines": None,
         "analysis_sentences": None,
-        "max_len": None,
-    },
-    "early": {
-        "data": "iwslt16_de_en_sample",
-        "bpe_merges": 8000,
-        "layers": 3,
-        "dim": 128,
-        "ffn": 512,
-        "heads": 4,
-        "max_update": 1600,
-        "patience": 0,
-        "max_tokens": 2048,
-        "lr": 2e-3,
-        "warmup": 400,
-        "dropout": 0.1,
-        "select": "average",
-        "average": 3,
-        "architecture": EARLY_ARCHITECTURE,
-        "analysis_subset": "test",
-        "retokenize": False,
-        "train_lines": None,
-        "test_lines": None,
-        "analysis_sentences": 500,
         "max_len": None,
     },
     "tiny": {
@@ -144,6 +111,59 @@ BUDGETS = {
     },
 }
 
+# The scores compared with softmax seed by seed: (result row key, column title).
+PAIRED_METRICS = (
+    ("bleu_tok", "tok BLEU"),
+    ("bleu", "sacreBLEU"),
+    ("chrf", "chrF"),
+    ("best_valid_accuracy", "valid accuracy"),
+)
+CONFIDENCE = 0.95
+
+
+def model_spec(text):
+    """One --models entry: a variant, or a variant with its own seeds ("sparsemax:1",
+    "topk:1,3"), which replace --seeds for it.
+
+    Args:
+        text: the entry as given.
+
+    Returns:
+        (variant, seeds): seeds a tuple of ints, or None for those of --seeds.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown variant or a seed that is not an integer.
+    """
+    variant, _, seeds = text.partition(":")
+    if variant not in VARIANTS:
+        raise argparse.ArgumentTypeError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    if not seeds:
+        return variant, None
+    try:
+        return variant, tuple(int(seed) for seed in seeds.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seeds after ':' are integers separated by commas") from None
+
+
+def planned_runs(models, seeds):
+    """The (variant, seed) pairs to train and report.
+
+    Args:
+        models: model_spec's (variant, seeds or None) pairs, in the order given.
+        seeds: the seeds of the variants given without their own.
+
+    Returns:
+        The pairs, seed by seed (the models of seed 1 first, as the trainings run), each
+        variant in the order given, without repeats.
+    """
+    wanted = []
+    for variant, own_seeds in models:
+        for seed in own_seeds or seeds:
+            if (variant, seed) not in wanted:
+                wanted.append((variant, seed))
+    order = {variant: i for i, (variant, _) in enumerate(models)}
+    return sorted(wanted, key=lambda run: (run[1], order[run[0]]))
+
 
 def parse_args(argv=None):
     """The reproduction's command line.
@@ -160,15 +180,17 @@ def parse_args(argv=None):
     parser.add_argument(
         "--models",
         nargs="+",
-        default=list(PAPER_VARIANTS),
-        choices=VARIANTS,
-        help="attention variants (default: the paper's three; topk is k = 8; sparsemax for the speed comparison)",
+        type=model_spec,
+        default=[(variant, None) for variant in PAPER_VARIANTS],
+        metavar="VARIANT[:SEEDS]",
+        help=f"attention variants, of {', '.join(VARIANTS)} (default: the paper's three; topk is k = 8); "
+        "VARIANT:1,2 trains and reports that variant with seeds 1 and 2 instead of --seeds",
     )
     parser.add_argument(
         "--data",
         type=Path,
         help="a folder with train/valid/test.{de,en} (default: the budget's "
-        "corpus in ../shared/data: multi30k for converged, iwslt16_de_en_sample otherwise)",
+        "corpus in ../shared/data: multi30k for converged, iwslt16_de_en_sample for tiny)",
     )
     parser.add_argument("--work-dir", type=Path, help="default: runs/reproduction-<budget>")
     parser.add_argument(
@@ -262,7 +284,7 @@ def run(args):
     settings = budget_settings(budget)
     references_tok = read_lines(text_dir / f"test.{TGT}")
     references_raw = read_lines(raw_dir / f"test.{TGT}")
-    runs = [(variant, seed) for seed in args.seeds for variant in args.models]
+    runs = planned_runs(args.models, args.seeds)
     rows = []
     for i, (variant, seed) in enumerate(runs, 1):
         row = train_and_evaluate(
@@ -288,7 +310,7 @@ def run(args):
     analysis = analyze(
         data_bin,
         {name: r["checkpoint"] for name, r in names.items()},
-        budget.get("analysis_subset", "valid"),
+        "valid",
         work / "analysis",
         work / "analysis.log",
         num_sentences=budget["analysis_sentences"],
@@ -298,12 +320,17 @@ def run(args):
 
     _quiet_libraries()
     significance = paired_bootstrap(rows, work, references_raw)
+    differences = {metric: paired_differences(rows, metric) for metric, _ in PAIRED_METRICS}
     curves = {name: validation_curve(Path(r["checkpoint"]).parent / "train.log") for name, r in names.items()}
     figure = learning_curves_figure(curves, work / "learning_curves.png")
     report = summarize(rows, args, counts, budget, significance, figure)
-    (work / "results.json").write_text(
-        json.dumps({"runs": rows, "paired_bootstrap": significance, "validation_curves": curves}, indent=1) + "\n"
-    )
+    results = {
+        "runs": rows,
+        "paired_differences": differences,
+        "paired_bootstrap": significance,
+        "validation_curves": curves,
+    }
+    (work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (work / "results.md").write_text(report + "\n")
     print()
     print(report)
@@ -329,35 +356,6 @@ def validation_curve(train_log):
     from fairseq_entmax.analysis.training_log import read_validation_curve
 
     return read_validation_curve(train_log)
-
-
-def training_summary(train_log):
-    """What fairseq's log says of a finished training.
-
-    Args:
-        train_log: fairseq-train's log file.
-
-    Returns:
-        {"stopped_early", "updates", "epochs", "valid_ppl"} (the last validation's), and with
-        a logged accuracy "best_update", "best_valid_accuracy", "best_valid_ppl" (best =
-        highest accuracy, the checkpoint_best.pt fairseq kept); None for what the log lacks.
-    """
-    text = Path(train_log).read_text(encoding="utf-8", errors="replace")
-    curve = validation_curve(train_log)
-    summary = {
-        "stopped_early": "early stop since valid performance hasn't improved" in text,
-        "updates": curve["num_updates"][-1] if curve else None,
-        "epochs": len(set(re.findall(r"\| valid \| epoch (\d+)", text))) or None,
-        "valid_ppl": curve["ppl"][-1] if curve and "ppl" in curve else None,
-    }
-    if curve and "accuracy" in curve:
-        best = max(range(len(curve["accuracy"])), key=curve["accuracy"].__getitem__)
-        summary.update(
-            best_update=curve["num_updates"][best],
-            best_valid_accuracy=curve["accuracy"][best],
-            best_valid_ppl=curve["ppl"][best],
-        )
-    return summary
 
 
 def paired_bootstrap(rows, work, references_raw, n_samples=1000):
@@ -434,9 +432,204 @@ def _mean_spread(values, digits=2):
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def _central_t_probability(t, df):
+    """P(|T| <= t) for Student's t with an integer number of degrees of freedom, in closed form
+    (Abramowitz and Stegun 26.7.3 and 26.7.4: a finite series in cos(theta), theta =
+    atan(t / sqrt(df)))."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    term = total = 1.0
+    if df % 2:
+        if df == 1:
+            return 2 * theta / math.pi
+        for k in range(1, (df - 1) // 2):
+            term *= 2 * k / (2 * k + 1) * cos2
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    for k in range(1, df // 2):
+        term *= (2 * k - 1) / (2 * k) * cos2
+        total += term
+    return math.sin(theta) * total
+
+
+def t_quantile(probability, df):
+    """A quantile of Student's t distribution, from its closed-form distribution function, so
+    that no statistics package is needed.
+
+    Args:
+        probability: P(T <= t), between 0.5 and 1 (0.975 for a two-sided 95% interval).
+        df: the degrees of freedom, an integer >= 1.
+
+    Returns:
+        t, to a relative precision of about 1e-12.
+
+    Raises:
+        ValueError: df is not an integer >= 1, or probability is not between 0.5 and 1.
+    """
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom must be an integer >= 1, got {df}")
+    if not 0.5 < probability < 1:
+        raise ValueError(f"probability must be between 0.5 and 1, got {probability}")
+    df, coverage = int(df), 2 * probability - 1
+    low, high = 0.0, 1.0
+    while _central_t_probability(high, df) < coverage:
+        low, high = high, 2 * high
+    # P(|T| <= t) grows with t: bisection.
+    while high - low > 1e-12 * high:
+        middle = (low + high) / 2
+        if _central_t_probability(middle, df) < coverage:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def paired_interval(differences, confidence=CONFIDENCE):
+    """The mean of paired differences with its t-interval.
+
+    Args:
+        differences: one difference per seed (variant minus baseline).
+        confidence: the interval's coverage.
+
+    Returns:
+        {"n", "mean", "sd", "low", "high"}: the mean difference and the interval mean ± t *
+        sd / sqrt(n), t the (1 + confidence) / 2 quantile of Student's t with n - 1 degrees of
+        freedom; sd, low and high are None below two differences (mean too for none).
+    """
+    n = len(differences)
+    result = {"n": n, "mean": statistics.mean(differences) if n else None, "sd": None, "low": None, "high": None}
+    if n >= 2:
+        sd = statistics.stdev(differences)
+        half = t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+        result.update(sd=sd, low=result["mean"] - half, high=result["mean"] + half)
+    return result
+
+
+def paired_differences(rows, metric, baseline=BASELINE):
+    """Each variant's difference to the baseline of the same seed, with its interval.
+
+    Args:
+        rows: the result rows (model, seed and `metric` each).
+        metric: the row key compared ("bleu", "chrf", "best_valid_accuracy", ...).
+        baseline: the variant compared against.
+
+    Returns:
+        {variant: {"seeds", "differences", **paired_interval}} over the seeds where both the
+        variant and the baseline have a value, variants in the order of the rows; a variant
+        with no such seed is left out.
+    """
+    values = {}
+    for row in rows:
+        values.setdefault(row["model"], {})[row["seed"]] = row.get(metric)
+    base = values.get(baseline, {})
+    result = {}
+    for variant, by_seed in values.items():
+        if variant == baseline:
+            continue
+        seeds = sorted(s for s, v in by_seed.items() if v is not None and base.get(s) is not None)
+        if seeds:
+            differences = [by_seed[s] - base[s] for s in seeds]
+            result[variant] = {"seeds": seeds, "differences": differences, **paired_interval(differences)}
+    return result
+
+
+def format_difference(entry, digits=2):
+    """A paired difference as the report shows it.
+
+    Args:
+        entry: a variant's entry of paired_differences, or None.
+        digits: decimals.
+
+    Returns:
+        "+0.26 [-1.23, +1.75]" (the mean and the interval), "+0.95 (1 seed)" without an
+        interval, "-" without a difference.
+    """
+    if entry is None:
+        return "-"
+    mean = f"{entry['mean']:+.{digits}f}"
+    if entry["low"] is None:
+        return f"{mean} ({entry['n']} seed)"
+    return f"{mean} [{entry['low']:+.{digits}f}, {entry['high']:+.{digits}f}]"
+
+
+def paired_differences_table(rows, baseline=BASELINE):
+    """The table of the differences to the baseline, one line per other variant.
+
+    Args:
+        rows: the result rows.
+        baseline: the variant compared against.
+
+    Returns:
+        The Markdown lines; empty when no variant shares a seed with the baseline.
+    """
+    differences = {metric: paired_differences(rows, metric, baseline) for metric, _ in PAIRED_METRICS}
+    variants = list(differences["bleu"])
+    if not variants:
+        return []
+    lines = [
+        "| model | seeds | " + " | ".join(title for _, title in PAIRED_METRICS) + " |",
+        "|---|---|" + "---|" * len(PAIRED_METRICS),
+    ]
+    for variant in variants:
+        seeds = ", ".join(str(s) for s in differences["bleu"][variant]["seeds"])
+        cells = [format_difference(differences[metric].get(variant)) for metric, _ in PAIRED_METRICS]
+        lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + " |")
+    return lines
+
+
+_SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
+SPECIALISED_HEADS = (("positional", "positional"), ("bpe_merging", "BPE-merging"), ("interrogation", "interrogation"))
+
+
+def heads_table(by_variant):
+    """The attention analysis per variant: density and head diversity per attention type, and
+    the specialised heads found, each the mean ± standard deviation over seeds.
+
+    Args:
+        by_variant: {variant: its result rows}, with the analysis's density, js and
+            specialised_heads (examples.pipeline.attention_analysis.analyze).
+
+    Returns:
+        The Markdown lines; empty when no row has an analysis.
+    """
+    from fairseq_entmax.names import ATTENTION_TYPES
+
+    if not any(r.get("density") for group in by_variant.values() for r in group):
+        return []
+    header = [f"density {_SHORT[t]}" for t in ATTENTION_TYPES] + [f"JS {_SHORT[t]}" for t in ATTENTION_TYPES]
+    header += [f"{title} heads" for _, title in SPECIALISED_HEADS]
+    lines = ["| model | " + " | ".join(header) + " | seeds |", "|---|" + "---|" * (len(header) + 1)]
+    for variant, group in by_variant.items():
+        cells = [_mean_spread([(r.get("density") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
+        cells += [_mean_spread([(r.get("js") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
+        cells += [
+            _mean_spread([(r.get("specialised_heads") or {}).get(kind) for r in group], 1)
+            for kind, _ in SPECIALISED_HEADS
+        ]
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {len(group)} |")
+    return lines
+
+
+def group_by_model(rows, baseline=BASELINE):
+    """The result rows per variant, the baseline first, then in the order of the rows.
+
+    Args:
+        rows: the result rows.
+        baseline: the variant put first.
+
+    Returns:
+        {variant: [rows]}.
+    """
+    by_variant = {}
+    for row in sorted(rows, key=lambda r: r["model"] != baseline):
+        by_variant.setdefault(row["model"], []).append(row)
+    return by_variant
+
+
 def summarize(rows, args, counts, budget, significance, figure):
-    """The report: the table per variant (mean ± spread over seeds), the paired bootstrap, the
-    table per run and the signatures.
+    """The report: the table per variant (mean ± spread over seeds), the differences to softmax
+    paired by seed with their intervals, the paired bootstrap, the attention analysis per
+    variant, the table per run and the signatures.
 
     Args:
         rows: the result rows, with the analysis and the training summary.
@@ -449,21 +642,20 @@ def summarize(rows, args, counts, budget, significance, figure):
     Returns:
         The report, Markdown.
     """
-    by_variant = {}
-    for row in rows:
-        by_variant.setdefault(row["model"], []).append(row)
+    by_variant = group_by_model(rows)
     selection = {
         "best": "the best checkpoint (validation accuracy)",
         "last": "the last checkpoint",
         "average": f"the average of the last {budget['average']} checkpoints",
     }[budget["select"]]
+    seeds = "; ".join(f"{v} {', '.join(str(r['seed']) for r in group)}" for v, group in by_variant.items())
     lines = [
-        f"Reduced-scale reproduction, {args.data.name}, {args.budget} budget, seeds {args.seeds}: "
+        f"Reduced-scale reproduction, {args.data.name}, {args.budget} budget, seeds: {seeds}; "
         f"train {counts['train']} pairs, test {counts['test']} sentences; evaluated with {selection}",
         "",
-        "| model | tok BLEU | sacreBLEU | chrF | valid ppl | valid accuracy | updates | stopped by | train time "
-        "| seeds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | tok BLEU | sacreBLEU | chrF | valid accuracy | valid ppl | best update | updates | stopped by "
+        "| train time | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for variant, group in by_variant.items():
         stops = sorted({"patience" if r.get("stopped_early") else "cap" for r in group})
@@ -471,16 +663,28 @@ def summarize(rows, args, counts, budget, significance, figure):
             f"| {variant} | {_mean_spread([r['bleu_tok'] for r in group])} "
             f"| {_mean_spread([r['bleu'] for r in group])} "
             f"| {_mean_spread([r['chrf'] for r in group])} "
-            f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
             f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
+            f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
+            f"| {_mean_spread([r.get('best_update') for r in group], digits=0)} "
             f"| {_mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
             f"| {format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |"
         )
     lines += [
         "",
-        "valid ppl / accuracy: at the validation of the best accuracy (the evaluated checkpoint when the "
-        "selection is the best one); updates: trained in all; stopped by: the patience or the update cap.",
+        "Mean ± sample standard deviation over seeds. valid accuracy / ppl: at the validation of the best "
+        "accuracy (the evaluated checkpoint when the selection is the best one); best update: the update of "
+        "that validation; updates: trained in all; stopped by: the patience or the update cap.",
     ]
+    differences = paired_differences_table(rows)
+    if differences:
+        lines += [
+            "",
+            f"Difference to {BASELINE} of the same seed (variant minus {BASELINE}), mean over the seeds "
+            f"[{CONFIDENCE:.0%} t-interval over the paired differences, n - 1 degrees of freedom; an interval "
+            "that holds 0 shows no difference at that confidence; one seed gives no interval]:",
+            "",
+            *differences,
+        ]
     if significance:
         lines += [
             "",
@@ -494,6 +698,16 @@ def summarize(rows, args, counts, budget, significance, figure):
             f"| {r['seed']} | {r['model']} | {r['bleu']:.2f} | {r['bleu_baseline']:.2f} | {r['bleu_p']:.4f} "
             f"| {r['chrf']:.2f} | {r['chrf_baseline']:.2f} | {r['chrf_p']:.4f} |"
             for r in significance
+        ]
+    heads = heads_table(by_variant)
+    if heads:
+        lines += [
+            "",
+            "Attention analysis on the validation set (fairseq-entmax-analyze; density: mean fraction of keys "
+            "with nonzero weight; JS: head diversity, mean over layers; specialised heads: the number per model "
+            "above the analysis's thresholds):",
+            "",
+            *heads,
         ]
     lines += [
         "",

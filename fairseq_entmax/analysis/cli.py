@@ -24,7 +24,7 @@ def build_parser():
         prog="fairseq-entmax-analyze",
         description="Run fairseq checkpoints over a subset with teacher forcing and write analysis.json, CSV "
         "tables and PNG figures about their attention heads: learned alpha, attention density, "
-        "head diversity (JS), positional and BPE-merging heads, per-head attention maps.",
+        "head diversity (JS), positional, BPE-merging and interrogation heads, per-head attention maps.",
     )
     parser.add_argument("data", help="fairseq data-bin directory the models were trained on")
     parser.add_argument(
@@ -86,6 +86,13 @@ def build_parser():
         default=0.5,
         help="list heads whose average weight on the other pieces of the current word is at least this (default: 0.5)",
     )
+    parser.add_argument(
+        "--interrogation-threshold",
+        type=float,
+        default=0.5,
+        help="list heads whose average weight on the question marks ('?' tokens) of the sentence is at least "
+        "this, over the queries that can see one (default: 0.5)",
+    )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
     parser.add_argument("--no-figures", action="store_true", help="write analysis.json and the tables only")
     return parser
@@ -112,6 +119,7 @@ def main(argv=None):
             sentence_id=args.sentence_id,
             positional_threshold=args.positional_threshold,
             bpe_threshold=args.bpe_threshold,
+            interrogation_threshold=args.interrogation_threshold,
             device="cpu" if args.cpu else None,
             figures=not args.no_figures,
         )

@@ -140,8 +140,9 @@ class HeadStatistics:
         self.previous_sum, self.previous_queries = zeros(), 0
         self.next_sum, self.next_queries = zeros(), 0
         self.merge_sum, self.merge_queries = zeros(), 0
+        self.question_sum, self.question_queries = zeros(), 0
 
-    def update(self, weights, query_mask, key_mask, tokens=None, continues=None):
+    def update(self, weights, query_mask, key_mask, tokens=None, continues=None, question_keys=None):
         """Add one batch to the running sums.
 
         Args:
@@ -153,6 +154,9 @@ class HeadStatistics:
                 so that previous/next token and the current word make sense.
             continues: with tokens, the bool vocabulary tensor of `word_ids`; without it, no
                 BPE-merging statistic is kept.
+            question_keys: bool `(batch, keys)`: True for the keys that are question marks
+                (any attention type, cross attention too); without it, no interrogation
+                statistic is kept.
 
         Raises:
             ValueError: `weights` is not of shape `(num_heads, batch, queries, keys)`.
@@ -175,6 +179,15 @@ class HeadStatistics:
         self.count_sum += count[:, real].sum(-1).cpu()
         self.fraction_sum += (count / allowed.clamp(min=1))[:, real].sum(-1).cpu()
         self.js_sum += float(head_js_divergence(weights)[real].sum())
+
+        if question_keys is not None:
+            # Only queries that may see a question mark count: a head cannot attend to one
+            # that is not there (or, in decoder self-attention, not yet there).
+            on_question = key_mask & question_keys.to(device)[:, None, :]
+            valid = real & on_question.any(-1)
+            mass = (weights * on_question).sum(-1)  # (heads, batch, queries)
+            self.question_sum += mass[:, valid].double().sum(-1).cpu()
+            self.question_queries += int(valid.sum())
 
         if tokens is None:
             return
@@ -244,3 +257,12 @@ class HeadStatistics:
             A list of floats, one per head (None each when there were no such queries).
         """
         return self._mean(self.merge_sum, self.merge_queries)
+
+    def interrogation(self):
+        """Average weight on the question-mark keys, per head, over the queries that may
+        attend to at least one.
+
+        Returns:
+            A list of floats, one per head (None each when no query could see a question mark).
+        """
+        return self._mean(self.question_sum, self.question_queries)

@@ -26,6 +26,8 @@ class AnalysisOptions:
             next token are listed as positional.
         bpe_threshold: heads with an average weight at least this on the other pieces of the
             current word are listed as BPE-merging.
+        interrogation_threshold: heads with an average weight at least this on the question
+            marks ("?" tokens) of the sentence are listed as interrogation heads.
         device: "cpu", "cuda", ...; None: the GPU when there is one.
         figures: draw the PNG figures (else analysis.json and the tables only).
         progress: show fairseq's progress bar.
@@ -43,6 +45,7 @@ class AnalysisOptions:
     sentence_id: Optional[int] = 0
     positional_threshold: float = 0.9
     bpe_threshold: float = 0.5
+    interrogation_threshold: float = 0.5
     device: Optional[str] = None
     figures: bool = True
     progress: bool = True
@@ -50,6 +53,6 @@ class AnalysisOptions:
     def __post_init__(self):
         if self.num_sentences is not None and self.num_sentences < 1:
             raise ValueError("--num-sentences must be at least 1")
-        for name in ("positional_threshold", "bpe_threshold"):
+        for name in ("positional_threshold", "bpe_threshold", "interrogation_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be between 0 and 1")

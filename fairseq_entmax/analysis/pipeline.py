@@ -79,6 +79,7 @@ def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=Non
         "sentence_id": options.sentence_id,
         "positional_threshold": options.positional_threshold,
         "bpe_threshold": options.bpe_threshold,
+        "interrogation_threshold": options.interrogation_threshold,
         "models": models,
     }
     written = [write_json(analysis, output_dir)] + write_tables(models, output_dir)

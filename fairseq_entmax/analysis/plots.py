@@ -429,9 +429,17 @@ def plot_learning_curves(curves, path, metric="ppl"):
     for ax, panel in zip(axes[0], panels):
         for index, (label, runs) in enumerate(curves.items()):
             steps, mean, low, high = mean_over_runs(runs, panel)
-            if not steps:
-                continue
             color = f"C{index % 10}"
+            if not steps:
+                # Runs that validated at different updates have no mean: each is drawn on its
+                # own, in the variant's colour, so that no variant is missing from the figure.
+                name = label + (f" ({len(runs)} runs, each drawn)" if len(runs) > 1 else "")
+                for run in runs:
+                    points = [(s, v) for s, v in zip(run["num_updates"], run.get(panel) or []) if v is not None]
+                    if points:
+                        ax.plot(*zip(*points), color=color, linewidth=0.8, label=name)
+                        name = None  # one legend entry per variant
+                continue
             runs_note = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
             ax.plot(steps, mean, color=color, marker="." if len(steps) < 30 else None, label=label + runs_note)
             if len(runs) > 1:

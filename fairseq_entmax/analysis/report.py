@@ -32,6 +32,8 @@ TABLES = {
     "positional_heads.csv": ("positional_heads", ("attention", "layer", "head", "direction", "weight")),
     "bpe_merging.csv": ("bpe_merging", ("attention", "layer", "head", "mass")),
     "bpe_merging_heads.csv": ("bpe_merging_heads", ("attention", "layer", "head", "mass")),
+    "interrogation.csv": ("interrogation", ("attention", "layer", "head", "mass")),
+    "interrogation_heads.csv": ("interrogation_heads", ("attention", "layer", "head", "mass")),
 }
 
 COMPARISON_COLUMNS = (
@@ -46,6 +48,7 @@ COMPARISON_COLUMNS = (
     "js_mean",
     "positional_heads",
     "bpe_merging_heads",
+    "interrogation_heads",
 )
 
 
@@ -83,6 +86,7 @@ def comparison_rows(models):
                     js_mean=_mean([r["js"] for r in model["js"] if r["attention"] == attention]),
                     positional_heads=sum(r["attention"] == attention for r in model["positional_heads"]),
                     bpe_merging_heads=sum(r["attention"] == attention for r in model["bpe_merging_heads"]),
+                    interrogation_heads=sum(r["attention"] == attention for r in model["interrogation_heads"]),
                 )
             )
     return rows

@@ -86,6 +86,16 @@ def _continuation_table(dictionary):
     return torch.tensor([symbol.endswith("@@") for symbol in dictionary.symbols], dtype=torch.bool)
 
 
+# The token of the interrogation heads: a dictionary entry that is exactly this (the paper's
+# "?"; Moses tokenisation splits it off, so after BPE it is a whole token).
+QUESTION_MARK = "?"
+
+
+def _question_table(dictionary):
+    """Bool over the vocabulary: True for the entry that is a question mark on its own."""
+    return torch.tensor([symbol == QUESTION_MARK for symbol in dictionary.symbols], dtype=torch.bool)
+
+
 def _batch_context(sample, pad, source_continues, target_continues):
     """Per attention type: (query_mask, key_mask, tokens, continues) for this batch."""
     src = sample["net_input"]["src_tokens"]
@@ -98,6 +108,15 @@ def _batch_context(sample, pad, source_continues, target_continues):
         # source and target tokens differ: no previous/next token or word to speak of
         "cross": (tgt_real, src_real[:, None, :], None, None),
     }
+
+
+def _question_keys(sample, source_questions, target_questions):
+    """Per attention type: bool (batch, keys), True for the keys that are question marks (the
+    keys of cross attention are source tokens)."""
+    src = sample["net_input"]["src_tokens"]
+    prev = sample["net_input"]["prev_output_tokens"]
+    on_source = source_questions[src]
+    return {"encoder_self": on_source, "decoder_self": target_questions[prev], "cross": on_source}
 
 
 def model_name(path, taken):
@@ -151,6 +170,8 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
     pad = src_dict.pad()
     source_continues = _continuation_table(src_dict).to(device)
     target_continues = _continuation_table(tgt_dict).to(device)
+    source_questions = _question_table(src_dict).to(device)
+    target_questions = _question_table(tgt_dict).to(device)
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     batches = _first_sentences_in_batches(
@@ -175,7 +196,9 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
                 f"{site.name} returned weights of shape {tuple(weights.shape)}, expected "
                 f"(heads, batch, queries, keys) = (*, {expected[0]}, {expected[1]}, {expected[2]})"
             )
-        statistics[(site.attention, site.layer)].update(weights, query_mask, key_mask, tokens, continues)
+        statistics[(site.attention, site.layer)].update(
+            weights, query_mask, key_mask, tokens, continues, question_keys=state["questions"][site.attention]
+        )
         if state["chosen"] is not None:
             row = state["chosen"]
             queries = query_mask[row].nonzero().squeeze(-1)
@@ -199,6 +222,7 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
                 sample = utils.move_to_cuda(sample, device=device)
             net_input = sample["net_input"]
             state["context"] = _batch_context(sample, pad, source_continues, target_continues)
+            state["questions"] = _question_keys(sample, source_questions, target_questions)
             ids = sample["id"].tolist()
             state["chosen"] = ids.index(sentence_id) if sentence_id in ids else None
             if state["chosen"] is not None:
@@ -216,7 +240,9 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
         logger.warning(
             "sentence %d is not among the %d analysed sentences: no attention maps drawn", sentence_id, n_sentences
         )
-    result = _summarise(sites, statistics, options.positional_threshold, options.bpe_threshold)
+    result = _summarise(
+        sites, statistics, options.positional_threshold, options.bpe_threshold, options.interrogation_threshold
+    )
     result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
     result["validation_curve"] = _validation_curve(cfg, train_log)
@@ -264,7 +290,7 @@ def _validation_curve(cfg, train_log):
     return None
 
 
-def _summarise(sites, statistics, positional_threshold, bpe_threshold):
+def _summarise(sites, statistics, positional_threshold, bpe_threshold, interrogation_threshold):
     normalizers, alpha, density, js, positional, positional_heads, merging, merging_heads = (
         {},
         [],
@@ -275,6 +301,7 @@ def _summarise(sites, statistics, positional_threshold, bpe_threshold):
         [],
         [],
     )
+    interrogation, interrogation_heads = [], []
     for site in sites:
         key = dict(attention=site.attention, layer=site.layer)
         stats = statistics[(site.attention, site.layer)]
@@ -285,6 +312,11 @@ def _summarise(sites, statistics, positional_threshold, bpe_threshold):
             alpha.append(dict(key, head=head, alpha=alphas[head]))
             density.append(dict(key, head=head, fraction=fractions[head], count=counts[head]))
         js.append(dict(key, js=stats.js()))
+        on_questions = stats.interrogation()
+        for head in range(site.num_heads):
+            interrogation.append(dict(key, head=head, mass=on_questions[head]))
+            if on_questions[head] is not None and on_questions[head] >= interrogation_threshold:
+                interrogation_heads.append(dict(key, head=head, mass=on_questions[head]))
         if site.attention == "cross":
             continue
         previous, following, merge = stats.previous_token(), stats.next_token(), stats.bpe_merging()
@@ -307,6 +339,8 @@ def _summarise(sites, statistics, positional_threshold, bpe_threshold):
         positional_heads=positional_heads,
         bpe_merging=merging,
         bpe_merging_heads=merging_heads,
+        interrogation=interrogation,
+        interrogation_heads=interrogation_heads,
     )
 
 
