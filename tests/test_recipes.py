@@ -729,3 +729,13 @@ def test_iwslt14_smoke_runs_every_stage_and_selects_an_average(tmp_path):
     # Every 23rd of the cleaned pairs is a validation pair.
     assert len(valid_lines) == (len(train_lines) + len(valid_lines)) // 23
     assert all(line == line.lower() for line in train_lines + valid_lines)
+
+
+def test_iwslt14_raw_dir_without_untokenised_test_references_is_refused(tmp_path):
+    raw = _write_corpus(tmp_path / "raw")
+    work = tmp_path / "work"
+    # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
+    proc = run([*RECIPE, "iwslt14", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "test.orig.en" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (work / "data-bin").exists()

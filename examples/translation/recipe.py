@@ -502,6 +502,12 @@ def run(args):
         check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
         mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
+    if not Path(layout.references_raw).is_file():
+        # A tokenised corpus (KFTT's, IWSLT14's) comes with its untokenised test references.
+        raise PipelineError(
+            f"{layout.references_raw} not found: {task.name}'s text is tokenised, and sacreBLEU needs the "
+            f"untokenised test references beside it (test.orig.{src}, test.orig.{tgt})"
+        )
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
     clean = (experiment.clean[0], task.clean_max_ratio) if experiment.clean else None
