@@ -3,7 +3,7 @@ small fake archives with the member layout and file names of the official downlo
 sacreBLEU's dev/test sets replaced by small files, so each task's prepare function runs as it
 would on the real data; the outputs are checked for what training and scoring rely on (line
 alignment, the right member read, metadata dropped, Romanian normalised as in the WMT16 ro-en
-systems)."""
+systems, IWSLT14 processed as fairseq's prepare-iwslt14.sh)."""
 
 import io
 import re
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from examples.pipeline.corpus import check_parallel_corpus, read_lines
+from examples.pipeline.tokenization import scoring_tokenize
 from examples.pipeline.tools import PipelineError
 from examples.translation import corpora
 
@@ -192,6 +193,65 @@ def test_iwslt17_training_text_without_talk_metadata_and_dev_test_sets(tmp_path,
         assert read_lines(out / f"test.{lang}") == _segs(xml[("tst2015", lang)])
     assert sorted(fake.calls) == [("iwslt17/dev2010", "valid"), ("iwslt17/tst2015", "test")]
     assert _counts(out, src, tgt) == {"train": 3, "valid": 3, "test": 3}
+
+
+# --------------------------------------------------------------------------- IWSLT14
+
+
+def _iwslt14_archive(downloads):
+    """de-en.tgz with prepare-iwslt14.sh's members: train.tags with talk metadata, and the
+    five dev/test sets plus one it does not read; each test sentence names its set."""
+    metadata = {
+        "start": ["<url>http://www.ted.com/talks/1</url>", "<keywords>talks</keywords>", "<talkid>1</talkid>"],
+        "title": {"de": "<title>Ein Vortrag</title>", "en": "<title>A talk</title>"},
+        "description": {"de": "<description>Über Dinge</description>", "en": "<description>On things</description>"},
+    }
+    pairs = [(f"Satz Nummer {i}, „schön“!", f'Sentence number {i}, "nice"!') for i in range(1, 51)]
+    pairs[9] = ("Kurz.", "This English side is far too long for its German side.")  # ratio > 1.5
+    pairs[19] = (" ".join(["Wort"] * 176), " ".join(["word"] * 176))  # > 175 tokens
+    files = {}
+    for side, lang in enumerate(("de", "en")):
+        lines = metadata["start"] + [metadata["title"][lang], metadata["description"][lang]]
+        lines += [pair[side] for pair in pairs]
+        files[f"de-en/train.tags.de-en.{lang}"] = _text(lines)
+    sets = {}
+    for name in (*corpora.IWSLT14_TEST_SETS, "IWSLT14.TEDX.dev2014"):
+        for lang in ("de", "en"):
+            segs = [f"{name} {lang} Eins’s", f"{name} {lang} zwei"]
+            sets[(name, lang)] = segs
+            files[f"de-en/{name}.de-en.{lang}.xml"] = _iwslt_xml(name, lang, [(3, segs)])
+    _tar_gz(downloads / "de-en.tgz", files)
+    return pairs, sets
+
+
+@pytest.mark.parametrize("src,tgt", [("de", "en"), ("en", "de")])
+def test_iwslt14_is_prepared_as_prepare_iwslt14_sh(tmp_path, src, tgt):
+    downloads, out = tmp_path / "downloads", tmp_path / "raw"
+    downloads.mkdir()
+    pairs, sets = _iwslt14_archive(downloads)
+    corpora.prepare_iwslt14(downloads, out, src, tgt)
+
+    # Training text: metadata lines dropped, title and description kept as sentences, the pairs of
+    # length ratio > 1.5 or > 175 tokens dropped, Moses-tokenised without escaping, lowercased.
+    kept = [("ein vortrag", "a talk"), ("über dinge", "on things")]
+    kept += [
+        (f"satz nummer {i} , „ schön “ !", f'sentence number {i} , " nice " !')
+        for i in range(1, 51)
+        if i not in (10, 20)
+    ]
+    # Every 23rd cleaned pair is a validation pair, the others are training pairs.
+    for side, lang in enumerate(("de", "en")):
+        assert read_lines(out / f"valid.{lang}") == [kept[22][side], kept[45][side]]
+        assert read_lines(out / f"train.{lang}") == [p[side] for i, p in enumerate(kept, 1) if i not in (23, 46)]
+        # Test: the five sets in prepare-iwslt14.sh's order, ’ made ', tokenised and lowercased; the
+        # raw sentences beside them for sacreBLEU.
+        raw = [seg for name in corpora.IWSLT14_TEST_SETS for seg in sets[(name, lang)]]
+        assert read_lines(out / f"test.orig.{lang}") == raw
+        test = read_lines(out / f"test.{lang}")
+        assert test == [line.lower() for line in scoring_tokenize([seg.replace("’", "'") for seg in raw], lang)]
+        assert test[0].startswith("iwslt14.ted.dev2010 ") and "’" not in "".join(test) and "'" in test[0]
+    assert _counts(out, src, tgt) == {"train": 48, "valid": 2, "test": 10}
+    assert "iwslt14" in corpora.PRETOKENIZED_TASKS
 
 
 # --------------------------------------------------------------------------- WMT16 ro-en

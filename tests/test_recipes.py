@@ -1,7 +1,7 @@
 """The paper recipes (examples/translation/recipe.py): the smoke mode of every task end to end on
-the real text in ../shared/data, skipping finished stages on a rerun; the settings table against
+the real text in ../shared/data, skipping finished stages on a rerun; the settings tables against
 the docs and the dry run; bad input stopped before any long work; checkpoint averaging against an
-independent computation."""
+independent computation; the IWSLT14 recipe's choice among averages of epoch checkpoints."""
 
 import json
 import re
@@ -22,7 +22,7 @@ from examples.pipeline import (
     tools,
     training,
 )
-from examples.translation import tasks
+from examples.translation import selection, tasks
 from helpers import run
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
@@ -166,8 +166,8 @@ def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
     assert proc.returncode == 2
     assert "unknown language pair fr-en" in proc.stderr and "--src ro --tgt en" in proc.stderr
     assert not (tmp_path / "w").exists()
-    proc = run([*RECIPE, "iwslt14"], check=False, timeout=60, cwd=REPO)
-    assert proc.returncode == 2 and "invalid choice: 'iwslt14'" in proc.stderr
+    proc = run([*RECIPE, "iwslt15"], check=False, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "invalid choice: 'iwslt15'" in proc.stderr
 
 
 def test_recipe_reports_missing_smoke_data(tmp_path):
@@ -537,3 +537,205 @@ def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, stem
         # The Romanian side is normalised as wmt16-scripts do: no diacritics left.
         romanian = "".join(corpus.read_lines(work / "raw" / "train.ro"))
         assert romanian and not set("ăâîșțşţĂÂÎȘȚŞŢ") & set(romanian)
+
+
+# --------------------------------------------------------------------------- IWSLT14 de-en (Zhao et al.)
+
+
+def test_docs_show_the_iwslt14_settings_and_departures_of_the_code():
+    docs = (REPO / "docs" / "recipes.md").read_text(encoding="utf-8")
+    assert _block(docs, "<!-- iwslt14-settings-table -->", "<!-- /iwslt14-settings-table -->") == (
+        tasks.est_settings_table()
+    )
+    assert _block(docs, "<!-- iwslt14-departures-table -->", "<!-- /iwslt14-departures-table -->") == (
+        tasks.est_departures_table()
+    )
+
+
+def _commands(output, tool):
+    return [line for line in output.splitlines() if line.split()[0].endswith(tool)]
+
+
+def test_iwslt14_dry_run_trains_and_selects_as_the_authors_script(tmp_path):
+    output = _dry_run("iwslt14", "--work-dir", tmp_path / "work").stdout
+    train = _commands(output, "fairseq-train")
+    # softmax and top-k, seeds 1-3, as the authors' script runs them.
+    assert [(_option(c, "--attention-normalizer"), _option(c, "--seed")) for c in train] == [
+        (variant, seed) for seed in "123" for variant in ("softmax", "topk")
+    ]
+    for command in train:
+        assert _option(command, "--arch") == "explicit_sparse_transformer_iwslt_de_en"
+        assert "--encoder-normalize-before" not in command and "--decoder-normalize-before" not in command
+        assert float(_option(command, "--dropout")) == 0.4
+        assert float(_option(command, "--attention-dropout")) == 0.0
+        assert float(_option(command, "--lr")) == 1e-3 and _option(command, "--lr-scheduler") == "inverse_sqrt"
+        assert int(_option(command, "--warmup-updates")) == 4000 and float(_option(command, "--warmup-init-lr")) == 1e-7
+        assert float(_option(command, "--stop-min-lr")) == 1e-9
+        assert "--adam-betas '(0.9, 0.98)'" in command and float(_option(command, "--weight-decay")) == 1e-4
+        assert float(_option(command, "--clip-norm")) == 25.0
+        assert float(_option(command, "--label-smoothing")) == 0.1
+        assert int(_option(command, "--max-tokens")) == 4000 and int(_option(command, "--update-freq")) == 4
+        assert int(_option(command, "--max-epoch")) == 90 and int(_option(command, "--max-update")) == 0
+        assert int(_option(command, "--keep-last-epochs")) == 50 and "--save-interval-updates" not in command
+        assert "--fp16" in command
+        if _option(command, "--attention-normalizer") == "topk":
+            assert _option(command, "--topk") == "8"
+    generate = _commands(output, "fairseq-generate")
+    assert all(_option(c, "--beam") == "5" and "--remove-bpe" in c for c in generate)
+    valid = [c for c in generate if _option(c, "--gen-subset") == "valid"]
+    test = [c for c in generate if _option(c, "--gen-subset") == "test"]
+    # Per model: the averages ending at epochs 50, 55, ..., 90 on valid, the selected one on test.
+    assert [Path(_option(c, "--path")).name for c in valid[:9]] == [
+        f"checkpoint_avg10_ep{end}.pt" for end in range(50, 91, 5)
+    ]
+    assert len(valid) == 9 * 6 and len(test) == 6
+    assert all(Path(_option(c, "--path")).name == selection.SELECTED for c in test)
+    assert "checkpoint{81..90}.pt" in output
+    # prepare-iwslt14.sh's data: 10,000 merges; tokenising and cleaning are done when preparing.
+    [learn] = [line for line in output.splitlines() if "learn-bpe" in line]
+    assert _option(learn, "--symbols") == "10000"
+    assert "# tokenize:" not in output and "drop training pairs" not in output
+    assert "dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz" in output
+    assert not (tmp_path / "work").exists()
+    baselines = _dry_run("iwslt14", "--models", "sparsemax", "entmax15", "--seed", "2", "--work-dir", tmp_path / "w")
+    assert [_option(c, "--attention-normalizer") for c in _commands(baselines.stdout, "fairseq-train")] == [
+        "sparsemax",
+        "entmax15",
+    ]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_iwslt14_dry_run_keeps_16000_tokens_per_update_on_any_number_of_gpus(tmp_path, gpus):
+    output = _dry_run("iwslt14", "--num-gpus", str(gpus), "--seed", "1", "--work-dir", tmp_path / "w").stdout
+    for command in _commands(output, "fairseq-train"):
+        world = int(_option(command, "--distributed-world-size", 1))
+        assert world == gpus
+        assert int(_option(command, "--max-tokens")) * int(_option(command, "--update-freq")) * world == 16000
+        # The authors' 4000 tokens per GPU where the GPUs allow it.
+        assert int(_option(command, "--max-tokens")) == (4000 if gpus <= 4 else 2000)
+    proc = _dry_run("iwslt14", "--num-gpus", "3", "--work-dir", tmp_path / "w", check=False)
+    assert proc.returncode == 2 and "16000 tokens per update" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_full_iwslt14_recipe_without_cuda_stops_before_any_download(tmp_path):
+    proc = run([*RECIPE, "iwslt14", "--work-dir", tmp_path / "work"], check=False, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no CUDA device" in proc.stderr and "transformer_iwslt_de_en" in proc.stderr
+    assert "--cpu" in proc.stderr and "--smoke" in proc.stderr
+    assert "Traceback" not in proc.stderr and "downloading" not in proc.stdout
+    assert not (tmp_path / "work").exists()
+
+
+def test_iwslt14_refuses_the_best_checkpoint_options(tmp_path):
+    proc = run(
+        [*RECIPE, "iwslt14", "--dry-run", "--average-last", "5", "--work-dir", tmp_path / "w"],
+        check=False,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2 and "averages epoch checkpoints already" in proc.stderr
+
+
+def _epoch_checkpoints(save_dir, epochs):
+    """Fake epoch checkpoints: parameter w of epoch e is e (a float tensor)."""
+    save_dir.mkdir(parents=True)
+    for epoch in epochs:
+        torch.save(
+            {"model": {"w": torch.full((2,), float(epoch))}, "optimizer_history": [{"num_updates": 10 * epoch}]},
+            save_dir / f"checkpoint{epoch}.pt",
+        )
+
+
+def test_iwslt14_selection_takes_the_average_of_the_best_validation_bleu(tmp_path, monkeypatch):
+    """Against fake training and fake fairseq-generate runs whose validation BLEU is set per
+    average: each average is the mean of its epochs, the best validation BLEU (the later epoch
+    on a tie) is selected, and only the selected average translates the test set."""
+    work = tmp_path / "work"
+    _epoch_checkpoints(work / "models" / "topk-seed1", range(2, 11))  # epoch 1 was not kept
+    valid_bleu = {4: 3.0, 6: 7.5, 8: 7.5, 10: 5.0}
+    generated = []
+
+    def fake_generate(args, log_path, **kwargs):
+        checkpoint = Path(args[args.index("--path") + 1])
+        subset, out = args[args.index("--gen-subset") + 1], Path(args[args.index("--results-path") + 1])
+        averaged = torch.load(checkpoint, weights_only=False)["model"]["w"][0].item()
+        generated.append((subset, checkpoint.resolve().name, averaged))
+        end = int(checkpoint.resolve().stem.split("_ep")[1])
+        bleu = valid_bleu[end] if subset == "valid" else 11.0
+        (out / f"generate-{subset}.txt").write_text(
+            f"H-1\t-0.5\tzwei\nH-0\t-0.1\teins\nGenerate {subset} with beam=5: BLEU4 = {bleu:.2f}, 50.0/9.1/1.0/0.1 "
+            "(BP=1.000, ratio=1.000, syslen=2, reflen=2)\n"
+        )
+
+    monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 12.0)
+    monkeypatch.setattr(evaluation, "run_logged", fake_generate)
+    row = selection.train_and_select(
+        "data-bin", work, "topk", 1, None, (2, (2, 4, 6, 8, 10)), ["One.", "Two."], "en", label="topk"
+    )
+    # No average ends at epoch 2 (epoch 1 is missing); the others are the means of their epochs.
+    assert [(subset, name) for subset, name, _ in generated if subset == "valid"] == [
+        ("valid", f"checkpoint_avg2_ep{end}.pt") for end in (4, 6, 8, 10)
+    ]
+    assert all(value == pytest.approx(int(name.split("_ep")[1][:-3]) - 0.5) for _, name, value in generated)
+    assert row["valid_bleu"] == valid_bleu and row["end_epoch"] == 8
+    assert generated[-1][:2] == ("test", "checkpoint_avg2_ep8.pt") and len(generated) == 5
+    selected = Path(row["checkpoint"])
+    assert selected.name == selection.SELECTED and selected.resolve().name == "checkpoint_avg2_ep8.pt"
+    assert row["bleu_tok"] == 11.0 and "case:lc" in row["bleu_signature"] and row["bleu"] == 0.0
+    assert row["train_seconds"] == 12.0
+
+
+def test_iwslt14_selection_without_any_full_range_of_checkpoints_is_refused(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    _epoch_checkpoints(work / "models" / "softmax-seed1", [3])
+    monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 1.0)
+    with pytest.raises(tools.PipelineError, match="no 2 consecutive epoch checkpoints ending at any of epochs 3, 4"):
+        selection.train_and_select("data-bin", work, "softmax", 1, None, (2, (3, 4)), [], "en")
+
+
+@needs_shared_data
+def test_iwslt14_smoke_runs_every_stage_and_selects_an_average(tmp_path):
+    """The data prepared as prepare-iwslt14.sh (tokenised, cleaned, lowercased, every 23rd pair
+    valid), a top-k model trained for 3 epochs, the averages of its last 2 epoch checkpoints
+    ending at epochs 2 and 3 translating the validation set, the selected one the test set."""
+    work = tmp_path / "work"
+    run(
+        [*RECIPE, "iwslt14", "--smoke", "--work-dir", work, "--seed", "1", "--models", "topk", "--skip-analysis"],
+        timeout=900,
+        cwd=REPO,
+    )
+    [row] = json.loads((work / "results-seed1.json").read_text())
+    assert row["model"] == "topk" and row["selection"] == "average"
+    assert set(row["valid_bleu"]) == {"2", "3"} and row["end_epoch"] in (2, 3)
+    assert row["valid_bleu"][str(row["end_epoch"])] == max(row["valid_bleu"].values())
+    save_dir = work / "models" / "topk-seed1"
+    assert Path(row["checkpoint"]).resolve() == save_dir / f"checkpoint_avg2_ep{row['end_epoch']}.pt"
+    assert 0 <= row["bleu_tok"] <= 100 and "case:lc" in row["bleu_signature"]
+    # The test set: the first 10 lines of TED dev2010, TEDX dev2012 and TED tst2010, in that order.
+    shared = SHARED_DATA / "iwslt16_de_en_sample" / "dev_test"
+    references = [
+        line.strip()
+        for name in ("TED.dev2010", "TEDX.dev2012", "TED.tst2010")
+        for line in (shared / f"IWSLT16.{name}.en").read_text(encoding="utf-8").split("\n")[:10]
+    ]
+    assert corpus.read_lines(work / "raw" / "test.orig.en") == references
+    # Tokenised and lowercased as the training text, with prepare-iwslt14.sh's ’ -> '.
+    expected = [line.lower() for line in tokenization.scoring_tokenize([r.replace("’", "'") for r in references], "en")]
+    assert corpus.read_lines(work / "raw" / "test.en") == expected
+    assert len(corpus.read_lines(work / "eval" / "topk-seed1-selected" / "test.hyp")) == 30
+    train_lines = corpus.read_lines(work / "raw" / "train.en")
+    valid_lines = corpus.read_lines(work / "raw" / "valid.en")
+    # Every 23rd of the cleaned pairs is a validation pair.
+    assert len(valid_lines) == (len(train_lines) + len(valid_lines)) // 23
+    assert all(line == line.lower() for line in train_lines + valid_lines)
+
+
+def test_iwslt14_raw_dir_without_untokenised_test_references_is_refused(tmp_path):
+    raw = _write_corpus(tmp_path / "raw")
+    work = tmp_path / "work"
+    # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
+    proc = run([*RECIPE, "iwslt14", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "test.orig.en" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (work / "data-bin").exists()

@@ -1,6 +1,7 @@
-"""The data-preparation half of the paper recipes (Correia et al. 2019, Table 1): downloading the
-official corpora of IWSLT17 de-en, KFTT ja-en, WMT16 ro-en and WMT14 en-de and turning them into
-line-aligned plain text, out_dir/{train,valid,test}.{src,tgt}, one sentence per line.
+"""The data-preparation half of the paper recipes (Correia et al. 2019, Table 1, and Zhao et al.'s
+IWSLT14 de-en): downloading the official corpora of IWSLT17 de-en, KFTT ja-en, WMT16 ro-en, WMT14
+en-de and IWSLT14 de-en and turning them into line-aligned plain text,
+out_dir/{train,valid,test}.{src,tgt}, one sentence per line.
 
 Each `prepare_*(downloads, out_dir, src, tgt)` reads the archives already in `downloads` (see
 `download`) and writes out_dir; dev/test sets of IWSLT and WMT come through sacreBLEU, which
@@ -17,13 +18,16 @@ import zipfile
 from functools import cache
 from pathlib import Path
 
+from examples.pipeline.bpe import clean_training_pair
+from examples.pipeline.corpus import read_lines
+from examples.pipeline.tokenization import scoring_tokenize
 from examples.pipeline.tools import PipelineError, log
 
 # Tasks whose prepared train/valid/test text is already tokenised by the corpus' authors (KFTT's
 # data/tok: Japanese segmented with KyTea, English tokenised too): the recipe must not tokenise
 # it again. Such a task also writes test.orig.{src,tgt}, the untokenised test set, which is what
 # sacreBLEU scores against.
-PRETOKENIZED_TASKS = ("kftt",)
+PRETOKENIZED_TASKS = ("kftt", "iwslt14")
 
 
 # --------------------------------------------------------------------------- downloading
@@ -368,7 +372,143 @@ def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
     _sacrebleu_set("wmt14/full", src, tgt, out_dir, "test")
 
 
+# --------------------------------------------------------------------------- IWSLT14 de-en
+
+# fairseq's examples/translation/prepare-iwslt14.sh, which Zhao et al.'s fairseq_deen_est.sh
+# prepares its data with: clean-corpus-n.perl -ratio 1.5 ... 1 175 on the tokenised training
+# text, every 23rd line of it the validation set, and the test set the concatenation of these
+# five dev/test sets of the archive, in this order.
+IWSLT14_CLEAN = (175, 1.5)
+IWSLT14_VALID_EVERY = 23
+IWSLT14_TEST_SETS = (
+    "IWSLT14.TED.dev2010",
+    "IWSLT14.TEDX.dev2012",
+    "IWSLT14.TED.tst2010",
+    "IWSLT14.TED.tst2011",
+    "IWSLT14.TED.tst2012",
+)
+_SEG_OPEN = re.compile(r'<seg id="[0-9]*">\s*')
+_SEG_CLOSE = re.compile(r"\s*</seg>\s*")
+
+
+def iwslt14_training_lines(archive, lang):
+    """The training text of the IWSLT14 archive as prepare-iwslt14.sh reads train.tags: lines
+    holding <url>, <talkid> or <keywords> dropped, the <title> and <description> tags removed
+    and their text kept as training sentences (both sides have the same such lines, so the
+    alignment holds).
+
+    Args:
+        archive: the IWSLT14 de-en.tgz.
+        lang: "de" or "en".
+
+    Returns:
+        The lines, a list.
+    """
+    lines = _member_lines(archive, f"train.tags.de-en.{lang}")
+    kept = [line for line in lines if not any(tag in line for tag in ("<url>", "<talkid>", "<keywords>"))]
+    for tag in ("<title>", "</title>", "<description>", "</description>"):
+        kept = [line.replace(tag, "") for line in kept]
+    return kept
+
+
+def iwslt14_segments(xml_lines):
+    """The sentences of an IWSLT dev/test xml file as prepare-iwslt14.sh takes them: the lines
+    holding `<seg id`, without the seg tags and the spaces next to them.
+
+    Args:
+        xml_lines: the lines of the xml file.
+
+    Returns:
+        The sentences, a list.
+    """
+    return [_SEG_CLOSE.sub("", _SEG_OPEN.sub("", line)) for line in xml_lines if "<seg id" in line]
+
+
+def write_iwslt14_corpus(train, test, out_dir, src, tgt):
+    """Turn raw IWSLT text into prepare-iwslt14.sh's corpus. Training text: Moses tokenisation
+    (tokenizer.perl without -a: sacremoses, no escaping), the pairs cleaned as clean-corpus-n.perl
+    (1-175 tokens, length ratio 1.5), lowercased, then every 23rd pair the validation set and the
+    others the training set. Test text: ’ made ', tokenised and lowercased. The raw test
+    sentences are written too, as test.orig.{src,tgt}: the references sacreBLEU scores against.
+
+    Args:
+        train: {lang: raw training lines}, line-aligned.
+        test: {lang: raw test sentences}, line-aligned.
+        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
+
+    Returns:
+        {"kept", "dropped"}: training pairs kept and dropped by the cleaning.
+
+    Raises:
+        PipelineError: the two sides differ in length, or cleaning left no pair.
+    """
+    out_dir = Path(out_dir)
+    for name, text in (("training", train), ("test", test)):
+        if len(text[src]) != len(text[tgt]):
+            raise PipelineError(
+                f"IWSLT14 {name} text: {len(text[src])} {src} lines but {len(text[tgt])} {tgt} lines; "
+                "the archive is damaged: delete it and download it again"
+            )
+    log(f"prepare: Moses-tokenising {len(train[src])} training pairs")
+    clean_dir = out_dir / "clean"
+    for lang in (src, tgt):
+        _write(clean_dir, "train", lang, scoring_tokenize(train[lang], lang))
+    kept, dropped = clean_training_pair(clean_dir, src, tgt, *IWSLT14_CLEAN)
+    log(f"prepare: {kept} training pairs kept, {dropped} dropped (clean-corpus-n 1-175, ratio 1.5)")
+    for lang in (src, tgt):
+        lines = [line.lower() for line in read_lines(clean_dir / f"train.{lang}")]
+        every = IWSLT14_VALID_EVERY
+        _write(out_dir, "valid", lang, [line for i, line in enumerate(lines, 1) if i % every == 0])
+        _write(out_dir, "train", lang, [line for i, line in enumerate(lines, 1) if i % every != 0])
+        sentences = [line.replace("\u2019", "'") for line in test[lang]]
+        _write(out_dir, "test", lang, [line.lower() for line in scoring_tokenize(sentences, lang)])
+        _write(out_dir, "test.orig", lang, test[lang])
+    shutil.rmtree(clean_dir)
+    return {"kept": kept, "dropped": dropped}
+
+
+def prepare_iwslt14(downloads, out_dir, src, tgt):
+    """IWSLT14 de-en as fairseq's prepare-iwslt14.sh builds it from the IWSLT14 de-en.tgz:
+    train and valid from train.tags, test = TED dev2010 + TEDX dev2012 + TED tst2010-2012
+    (write_iwslt14_corpus says how the text is processed).
+
+    Args:
+        downloads: the folder of the downloaded archive.
+        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
+        src: the source language.
+        tgt: the target language.
+    """
+    archive = Path(downloads) / "de-en.tgz"
+    train = {lang: iwslt14_training_lines(archive, lang) for lang in ("de", "en")}
+    test = {
+        lang: [
+            line
+            for name in IWSLT14_TEST_SETS
+            for line in iwslt14_segments(_member_lines(archive, f"{name}.de-en.{lang}.xml"))
+        ]
+        for lang in ("de", "en")
+    }
+    write_iwslt14_corpus(train, test, out_dir, src, tgt)
+
+
 # --------------------------------------------------------------------------- smoke mode
+
+
+def _smoke_lines(shared_data, ranges, lang):
+    """The lines of one smoke split: `ranges` is (file stem relative to shared_data, first
+    line, end line), or a list of them, concatenated; the files are f"{stem}.{lang}"."""
+    lines = []
+    for stem, start, stop in [ranges] if isinstance(ranges, tuple) else ranges:
+        path = Path(shared_data) / f"{stem}.{lang}"
+        if not path.is_file():
+            raise PipelineError(
+                f"smoke data {path} not found: the smoke mode reads ../shared/data (or --shared-data DIR)"
+            )
+        with open(path, encoding="utf-8", newline="\n") as f:
+            lines += f.read().split("\n")[start:stop]
+    return lines
 
 
 def write_smoke_data(task, shared_data, src, tgt, out_dir):
@@ -377,7 +517,8 @@ def write_smoke_data(task, shared_data, src, tgt, out_dir):
 
     Args:
         task: the Task; `task.smoke.splits` maps split -> (file stem relative to shared_data,
-            first line, end line), the files being f"{stem}.{lang}".
+            first line, end line), or a list of them, concatenated; the files are
+            f"{stem}.{lang}".
         shared_data: the folder of the shared corpora (../shared/data).
         src: the source language.
         tgt: the target language.
@@ -386,15 +527,34 @@ def write_smoke_data(task, shared_data, src, tgt, out_dir):
     Raises:
         PipelineError: a file of the shared data is missing.
     """
-    for split, (stem, start, stop) in task.smoke.splits.items():
+    for split, ranges in task.smoke.splits.items():
         for lang in (src, tgt):
-            path = Path(shared_data) / f"{stem}.{lang}"
-            if not path.is_file():
-                raise PipelineError(
-                    f"smoke data {path} not found: the smoke mode reads ../shared/data (or --shared-data DIR)"
-                )
-            with open(path, encoding="utf-8", newline="\n") as f:
-                lines = f.read().split("\n")[start:stop]
+            lines = _smoke_lines(shared_data, ranges, lang)
             # The smoke text goes through the task's normalisation too, as its full data does.
             normalize = TEXT_NORMALIZERS.get(task.name, {}).get(lang)
             _write(out_dir, split, lang, map(normalize, lines) if normalize else lines)
+
+
+def write_iwslt14_smoke_data(task, shared_data, src, tgt, out_dir):
+    """The IWSLT14 smoke corpus: the shared raw TED text of `task.smoke.splits` ("train" and
+    "test") through the processing of the full data (write_iwslt14_corpus), so that the
+    validation set is every 23rd cleaned training pair as there.
+
+    Args:
+        task: the Task.
+        shared_data: the folder of the shared corpora (../shared/data).
+        src: the source language.
+        tgt: the target language.
+        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
+
+    Raises:
+        PipelineError: a file of the shared data is missing.
+    """
+    text = {
+        split: {
+            lang: [line.strip() for line in _smoke_lines(shared_data, task.smoke.splits[split], lang)]
+            for lang in (src, tgt)
+        }
+        for split in ("train", "test")
+    }
+    write_iwslt14_corpus(text["train"], text["test"], out_dir, src, tgt)

@@ -1,13 +1,17 @@
 """Recipes for the translation experiments of Correia et al. (2019), Table 1, with fairseq:
 softmax, 1.5-entmax and learned alpha-entmax attention (top-k, k = 8, on request) in
 Transformer base, with the settings of the paper and the authors' code (tasks.py has the table,
-each value with its source; docs/recipes.md shows it).
+each value with its source; docs/recipes.md shows it); and the IWSLT14 de-en experiment of Zhao
+et al.'s Explicit Sparse Transformer (`iwslt14`): softmax and top-k (k = 8) attention in
+transformer_iwslt_de_en with the settings of the authors' script, selected among averages of
+epoch checkpoints on the validation set.
 
     .venv/bin/python -m examples.translation.recipe iwslt17 --dry-run   # every command, nothing run
     .venv/bin/python -m examples.translation.recipe iwslt17              # IWSLT17 de-en on the GPUs it sees
     .venv/bin/python -m examples.translation.recipe kftt --raw-dir DIR   # KFTT ja-en from your files
     .venv/bin/python -m examples.translation.recipe wmt16 --smoke        # tiny end-to-end check on a CPU
     .venv/bin/python -m examples.translation.recipe wmt14 --models alpha_entmax --seed 2
+    .venv/bin/python -m examples.translation.recipe iwslt14              # seeds 1 2 3, softmax and top-k
 
 Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   prepare   official data -> plain text train/valid/test.{src,tgt} (download, or --raw-dir DIR
@@ -20,6 +24,9 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   evaluate  fairseq-generate (beam 5, no length normalisation) with the best checkpoint;
             tokenized BLEU as in the paper, sacreBLEU and chrF; --average-last N adds the
             average of the last N checkpoints, reported apart
+            (iwslt14: 90 epochs; averages of the last 10 epoch checkpoints ending at epochs
+            50, 55, ..., 90 translate the validation set, the best translates the test set:
+            fairseq's BLEU on the lowercased tokenised text, sacreBLEU and chrF)
   analyze   fairseq-entmax-analyze on the validation set: density, learned alphas, figures
 """
 
@@ -40,15 +47,19 @@ from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tools import PipelineError, log, run_reporting_errors
 from examples.pipeline.training import VARIANTS, train_command
-from examples.translation.corpora import download, write_smoke_data
+from examples.translation.corpora import download
+from examples.translation.selection import (
+    SELECTED,
+    average_name,
+    est_bleu_note,
+    train_and_select,
+)
 from examples.translation.tasks import (
-    DATA,
-    DECODING,
     SMOKE_BPE_MERGES,
-    SMOKE_TRAIN,
-    TABLE1_VARIANTS,
+    SMOKE_SETTINGS,
     TASKS,
     batch_shape,
+    experiment_of,
     tokenized_bleu_note,
     train_settings,
 )
@@ -107,22 +118,27 @@ def parse_args(argv=None):
     parser.add_argument(
         "--models",
         nargs="+",
-        default=list(TABLE1_VARIANTS),
         choices=VARIANTS,
-        help="attention variants (default: the paper's Table 1: softmax entmax15 alpha_entmax)",
+        help="attention variants (default: the paper's: softmax entmax15 alpha_entmax, Table 1 of Correia et al.; "
+        "softmax topk for iwslt14)",
     )
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        help="training seeds, one model per variant and seed (default: 1; 1 2 3 for iwslt14, as its authors)",
+    )
     parser.add_argument("--max-update", type=int, help="cap on the training updates (default: per task)")
     parser.add_argument(
         "--max-tokens",
         type=int,
-        help="tokens per batch per GPU (default: 8192 / GPUs); "
-        "--max-tokens x --update-freq x GPUs must make the paper's 8192 tokens per update",
+        help="tokens per batch per GPU (default: 8192 / GPUs; iwslt14: 4000 where GPUs allow, else 16000 / GPUs); "
+        "--max-tokens x --update-freq x GPUs must make the paper's 8192 (iwslt14: 16000) tokens per update",
     )
     parser.add_argument(
         "--update-freq",
         type=int,
-        help="accumulate gradients over N batches (default: what makes 8192 tokens per update)",
+        help="accumulate gradients over N batches (default: what makes the paper's tokens per update)",
     )
     parser.add_argument(
         "--average-last",
@@ -152,6 +168,13 @@ def parse_args(argv=None):
         parser.error("--num-gpus plans a --dry-run; a real run uses the GPUs it sees (CUDA_VISIBLE_DEVICES)")
     if args.average_last == 1 or args.average_last < 0:
         parser.error("--average-last N needs N >= 2 checkpoints")
+    experiment = experiment_of(task)
+    if args.average_last and experiment.selection != "best":
+        parser.error(f"--average-last is for the best-checkpoint tasks: {task.name} averages epoch checkpoints already")
+    args.models = args.models or list(experiment.variants)
+    args.seed = args.seed or list(experiment.seeds)
+    if len(set(args.seed)) != len(args.seed):
+        parser.error("--seed: each seed once")
     args.src, args.tgt = pair
     return args
 
@@ -183,7 +206,7 @@ def devices(args):
         PipelineError: no CUDA device, for a full run without --cpu.
     """
     if args.dry_run:
-        return args.num_gpus or 1, False
+        return args.num_gpus or 1, args.cpu
     import torch
 
     gpus = torch.cuda.device_count()
@@ -191,40 +214,49 @@ def devices(args):
         return max(gpus, 1), gpus == 0
     if gpus == 0 and not args.cpu:
         raise PipelineError(
-            "no CUDA device found: the full recipe trains Transformer base models for 100k+ updates each, weeks "
+            f"no CUDA device found: the full recipe {experiment_of(TASKS[args.task]).training_note}, weeks "
             "on a CPU. Run it on a machine with a GPU, use --smoke for a CPU-sized check of every stage, "
             "--dry-run to see the commands, or --cpu to train on this CPU anyway."
         )
     return max(gpus, 1), gpus == 0
 
 
-def experiment_settings(args, num_gpus):
+def experiment_settings(args, num_gpus, cpu=False):
     """The TrainSettings of this run: the task's table (or the smoke mode's), batch shaped for
-    the paper's 8192 tokens per update on num_gpus devices, with the command line's overrides.
+    the paper's tokens per update (8192; iwslt14 16000) on num_gpus devices, with the command
+    line's overrides.
 
     Args:
         args: the command line.
         num_gpus: the devices to train on.
+        cpu: whether it trains on the CPU.
 
     Returns:
         A TrainSettings.
 
     Raises:
-        PipelineError: --max-tokens and --update-freq cannot make 8192 tokens per update.
+        PipelineError: --max-tokens and --update-freq cannot make the paper's tokens per update.
     """
+    experiment = experiment_of(TASKS[args.task])
     if args.smoke:
-        settings = SMOKE_TRAIN
+        settings = SMOKE_SETTINGS[experiment.name]
         for option in ("max_update", "max_tokens", "update_freq"):
             if getattr(args, option):
                 settings = dataclasses.replace(settings, **{option: getattr(args, option)})
     else:
-        max_tokens, update_freq = batch_shape(num_gpus, args.max_tokens, args.update_freq)
-        settings = train_settings(args.task, max_tokens, update_freq)
+        max_tokens, update_freq = batch_shape(
+            num_gpus,
+            args.max_tokens,
+            args.update_freq,
+            total=experiment.tokens_per_update,
+            preferred_max_tokens=experiment.preferred_max_tokens,
+        )
+        settings = train_settings(args.task, max_tokens, update_freq, cpu=cpu)
         if args.max_update:
             settings = dataclasses.replace(settings, max_update=args.max_update)
-    extra = ["--fp16"] if args.fp16 else []
+    extra = ["--fp16"] if args.fp16 and "--fp16" not in settings.extra_args else []
     if num_gpus > 1:
-        # fairseq would take every visible GPU; naming the count keeps the 8192 tokens per update.
+        # fairseq would take every visible GPU; naming the count keeps the tokens per update.
         extra += ["--distributed-world-size", num_gpus]
     return dataclasses.replace(settings, extra_args=[*settings.extra_args, *extra]) if extra else settings
 
@@ -239,15 +271,17 @@ class Layout:
             args.work_dir or REPO / "runs" / f"{task.name}-{args.src}-{args.tgt}{'-smoke' if args.smoke else ''}"
         ).resolve()
         self.raw = args.raw_dir if args.raw_dir else self.work / "raw"
-        # The official KFTT text is tokenised; the smoke mode's KFTT text is not.
-        self.tokenize = not (task.pretokenized and not args.smoke)
+        # The official KFTT text is tokenised, the smoke mode's KFTT text is not; the IWSLT14
+        # text is tokenised by its prepare stage in both modes.
+        self.tokenize = not (task.pretokenized and (not args.smoke or task.smoke.pretokenized))
         self.text = self.work / "tok" if self.tokenize else Path(self.raw)
         self.bpe = self.work / "bpe"
         self.data_bin = self.work / "data-bin"
         # sacreBLEU scores against the untokenised test set.
         orig = Path(self.raw) / f"test.orig.{args.tgt}"
         self.references_raw = orig if not self.tokenize else Path(self.raw) / f"test.{args.tgt}"
-        self.analysis = self.work / f"analysis-seed{args.seed}"
+        self.analysis = self.work / f"analysis-seed{args.seed[0]}"
+        self.seeds = "-".join(str(seed) for seed in args.seed)
 
     def save_dir(self, variant, seed):
         """Where one model's checkpoints and log go.
@@ -264,8 +298,8 @@ class Layout:
 
 def dry_run(args, settings, num_gpus):
     """Print every command of the recipe, in order, as a shell would run them. Stages done in
-    Python (downloading, extracting, tokenising, cleaning, averaging, scoring) are comment lines
-    naming the function that does them.
+    Python (downloading, extracting, tokenising, cleaning, averaging, selecting, scoring) are
+    comment lines naming the function that does them.
 
     Args:
         args: the command line.
@@ -273,8 +307,9 @@ def dry_run(args, settings, num_gpus):
         num_gpus: the devices to train on.
     """
     layout, task = Layout(args), TASKS[args.task]
+    experiment = experiment_of(task)
     src, tgt, work = args.src, args.tgt, layout.work
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
+    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
     tokens = settings.max_tokens * settings.update_freq * num_gpus
     lines = [
         f"# {task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
@@ -282,7 +317,7 @@ def dry_run(args, settings, num_gpus):
         f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {work}"
     ]
     if args.smoke:
-        lines.append(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.write_smoke_data)")
+        lines.append(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.{task.smoke.write.__name__})")
     elif args.raw_dir:
         lines.append(f"# prepare: plain text from {args.raw_dir}")
     else:
@@ -314,45 +349,52 @@ def dry_run(args, settings, num_gpus):
                     )
                 )
             )
-    max_len, ratio = DATA["clean"].value[0], task.clean_max_ratio
-    lines.append(
-        f"# bpe: drop training pairs that are empty, > {max_len} tokens"
-        + (f" or of length ratio > {ratio}" if ratio else "")
-        + " (bpe.clean_training_pair)"
-    )
+    if experiment.clean:
+        max_len, ratio = experiment.clean[0], task.clean_max_ratio
+        lines.append(
+            f"# bpe: drop training pairs that are empty, > {max_len} tokens"
+            + (f" or of length ratio > {ratio}" if ratio else "")
+            + " (bpe.clean_training_pair)"
+        )
     lines.append(shlex.join(preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
     checkpoints = {}
-    for variant in args.models:
-        save_dir = layout.save_dir(variant, args.seed)
-        lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, args.seed, cpu=args.cpu)))
-        for select in ("best",) + (("average",) if args.average_last else ()):
-            if select == "average":
-                checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
+    for seed in args.seed:
+        for variant in args.models:
+            save_dir = layout.save_dir(variant, seed)
+            lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, seed, cpu=args.cpu)))
+            if experiment.selection == "epoch_averages":
+                lines += _dry_run_selection(args, layout, experiment, variant, seed)
+                checkpoints.setdefault(variant, save_dir / SELECTED)
+                continue
+            for select in ("best",) + (("average",) if args.average_last else ()):
+                if select == "average":
+                    checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
+                    lines.append(
+                        f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
+                        f"-> {checkpoint} (checkpoints.average_checkpoints)"
+                    )
+                else:
+                    checkpoint = save_dir / "checkpoint_best.pt"
+                    checkpoints.setdefault(variant, checkpoint)
+                out = work / "eval" / f"{variant}-seed{seed}-{select}"
                 lines.append(
-                    f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
-                    f"-> {checkpoint} (checkpoints.average_checkpoints)"
-                )
-            else:
-                checkpoint = checkpoints[variant] = save_dir / "checkpoint_best.pt"
-            out = work / "eval" / f"{variant}-seed{args.seed}-{select}"
-            lines.append(
-                shlex.join(
-                    generate_command(
-                        layout.data_bin,
-                        checkpoint,
-                        "test",
-                        out,
-                        DECODING["beam"].value,
-                        DECODING["lenpen"].value,
-                        (1.2, 10) if args.smoke else None,
-                        cpu=args.cpu,
+                    shlex.join(
+                        generate_command(
+                            layout.data_bin,
+                            checkpoint,
+                            "test",
+                            out,
+                            experiment.beam,
+                            experiment.lenpen,
+                            (1.2, 10) if args.smoke else None,
+                            cpu=args.cpu,
+                        )
                     )
                 )
-            )
-            lines.append(
-                f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
-                f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)"
-            )
+                lines.append(
+                    f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
+                    f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)"
+                )
     if not args.skip_analysis:
         lines.append(
             shlex.join(
@@ -362,8 +404,58 @@ def dry_run(args, settings, num_gpus):
     print("\n".join(lines))
 
 
+def _dry_run_selection(args, layout, experiment, variant, seed):
+    """The dry run's lines of one model's selection among averages of epoch checkpoints."""
+    save_dir = layout.save_dir(variant, seed)
+    n, ends = experiment.smoke_average if args.smoke else experiment.average
+    max_len = (1.2, 10) if args.smoke else None
+    lines = []
+    for end in ends:
+        checkpoint = save_dir / average_name(n, end)
+        lines.append(
+            f"# average: {save_dir}/checkpoint{{{end - n + 1}..{end}}}.pt -> {checkpoint} (selection.epoch_average)"
+        )
+        out = layout.work / "eval" / f"{variant}-seed{seed}-avg{n}-ep{end}"
+        lines.append(
+            shlex.join(
+                generate_command(
+                    layout.data_bin, checkpoint, "valid", out, experiment.beam, experiment.lenpen, max_len, cpu=args.cpu
+                )
+            )
+        )
+    lines.append(
+        f"# select: the average of the best validation BLEU (fairseq's BLEU4 in generate-valid.txt) -> "
+        f"{save_dir / SELECTED}, a link to it (selection.train_and_select)"
+    )
+    out = layout.work / "eval" / f"{variant}-seed{seed}-selected"
+    lines.append(
+        shlex.join(
+            generate_command(
+                layout.data_bin,
+                save_dir / SELECTED,
+                "test",
+                out,
+                experiment.beam,
+                experiment.lenpen,
+                max_len,
+                cpu=args.cpu,
+            )
+        )
+    )
+    lines.append(
+        f"# score: fairseq's BLEU4 of {out / 'generate-test.txt'}; sacreBLEU and chrF (lowercase) of "
+        f"{out / 'test.hyp'} against {layout.references_raw} (selection.score_lowercased)"
+    )
+    return lines
+
+
 def _analysis_sentences(args):
     return args.analysis_sentences or (100 if args.smoke else None)
+
+
+def _display_rows(rows, seeds):
+    # With several seeds, each row names its seed.
+    return [dict(row, model=f"{row['model']} (seed {row['seed']})") if len(seeds) > 1 else row for row in rows]
 
 
 def run(args):
@@ -374,13 +466,14 @@ def run(args):
         args: the command line, as parse_args returns it.
     """
     num_gpus, cpu = devices(args)
-    settings = experiment_settings(args, num_gpus)
+    settings = experiment_settings(args, num_gpus, cpu=cpu)
     if args.dry_run:
         dry_run(args, settings, num_gpus)
         return
     layout, task, src, tgt = Layout(args), TASKS[args.task], args.src, args.tgt
+    experiment = experiment_of(task)
     work, raw_dir = layout.work, layout.raw
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else DATA["bpe_merges"].value
+    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
     started = time.time()
     log(
         f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}; "
@@ -398,7 +491,7 @@ def run(args):
     if not args.raw_dir and not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         if args.smoke:
             log(f"prepare: {task.smoke.note}")
-            write_smoke_data(task, args.shared_data, src, tgt, raw_dir)
+            task.smoke.write(task, args.shared_data, src, tgt, raw_dir)
         else:
             downloads = work / "downloads"
             for url, name in task.downloads:
@@ -409,9 +502,15 @@ def run(args):
         check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
         mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
+    if not Path(layout.references_raw).is_file():
+        # A tokenised corpus (KFTT's, IWSLT14's) comes with its untokenised test references.
+        raise PipelineError(
+            f"{layout.references_raw} not found: {task.name}'s text is tokenised, and sacreBLEU needs the "
+            f"untokenised test references beside it (test.orig.{src}, test.orig.{tgt})"
+        )
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
-    clean = (DATA["clean"].value[0], task.clean_max_ratio)
+    clean = (experiment.clean[0], task.clean_max_ratio) if experiment.clean else None
     text_dir, data_bin = build_dataset(
         raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize, clean=clean, workers=args.workers
     )
@@ -419,32 +518,55 @@ def run(args):
     # train, select, evaluate
     references_tok = read_lines(text_dir / f"test.{tgt}")
     references_raw = read_lines(layout.references_raw)
+    max_len = (1.2, 10) if args.smoke else None
     selections = ("best",) + (("average",) if args.average_last else ())
     if args.average_last:
         settings = dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
     rows = []
-    for i, variant in enumerate(args.models, 1):
+    models = [(seed, variant) for seed in args.seed for variant in args.models]
+    for i, (seed, variant) in enumerate(models, 1):
+        label = f"{variant}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
+        if experiment.selection == "epoch_averages":
+            rows.append(
+                train_and_select(
+                    data_bin,
+                    work,
+                    variant,
+                    seed,
+                    settings,
+                    experiment.smoke_average if args.smoke else experiment.average,
+                    references_raw,
+                    tgt,
+                    label=label,
+                    beam=experiment.beam,
+                    lenpen=experiment.lenpen,
+                    max_len=max_len,
+                )
+            )
+            continue
         for select in selections:
             rows.append(
                 train_and_evaluate(
                     data_bin,
                     work,
                     variant,
-                    args.seed,
+                    seed,
                     settings,
                     references_tok,
                     references_raw,
                     tgt,
-                    label=f"{variant} [{i}/{len(args.models)}]",
+                    label=label,
                     select=select,
                     average_last=args.average_last,
-                    beam=DECODING["beam"].value,
-                    lenpen=DECODING["lenpen"].value,
-                    max_len=(1.2, 10) if args.smoke else None,
+                    beam=experiment.beam,
+                    lenpen=experiment.lenpen,
+                    max_len=max_len,
                     retokenize=layout.tokenize,
                 )
             )
-    checkpoints = {row["model"]: row["checkpoint"] for row in rows if row["selection"] == "best"}
+    reported = "best" if experiment.selection == "best" else "average"
+    first_seed = [row for row in rows if row["seed"] == args.seed[0]]
+    checkpoints = {row["model"]: row["checkpoint"] for row in first_seed if row["selection"] == reported}
 
     # analyze, on the validation set as the paper
     if not args.skip_analysis:
@@ -453,46 +575,62 @@ def run(args):
             checkpoints,
             "valid",
             layout.analysis,
-            work / f"analysis-seed{args.seed}.log",
+            work / f"analysis-seed{args.seed[0]}.log",
             num_sentences=_analysis_sentences(args),
         )
-        for row in rows:
-            if row["selection"] == "best":
+        for row in first_seed:
+            if row["selection"] == reported:
                 row.update((analysis or {}).get(row["model"], {}))
 
-    best = [row for row in rows if row["selection"] == "best"]
     lines = [
         f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
         f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
         "",
-        "Best checkpoint (validation accuracy):",
-        "",
-        format_table(best, bleu_tok=True),
     ]
-    averaged = [
-        dict(row, model=f"{row['model']} (avg {args.average_last})") for row in rows if row["selection"] == "average"
-    ]
-    if averaged:
+    if experiment.selection == "best":
         lines += [
+            "Best checkpoint (validation accuracy):",
             "",
-            f"Average of the last {args.average_last} checkpoints:",
-            "",
-            format_table(averaged, bleu_tok=True),
+            format_table(_display_rows([r for r in rows if r["selection"] == "best"], args.seed), bleu_tok=True),
         ]
+        averaged = [
+            dict(row, model=f"{row['model']} (avg {args.average_last})")
+            for row in _display_rows(rows, args.seed)
+            if row["selection"] == "average"
+        ]
+        if averaged:
+            lines += ["", f"Average of the last {args.average_last} checkpoints:", "", format_table(averaged, True)]
+        bleu_note = tokenized_bleu_note(task.name, layout.tokenize)
+    else:
+        n = (experiment.smoke_average if args.smoke else experiment.average)[0]
+        lines += [
+            f"Average of the last {n} epoch checkpoints, the end epoch chosen on validation BLEU"
+            " (tok BLEU: fairseq's, on the lowercased tokenised text; BLEU, chrF: sacreBLEU, lowercase):",
+            "",
+            format_table(_display_rows(rows, args.seed), bleu_tok=True),
+            "",
+        ]
+        lines += [
+            f"{row['model']} seed {row['seed']}: epochs {row['end_epoch'] - n + 1}-{row['end_epoch']}; validation BLEU "
+            + ", ".join(f"ep{end} {bleu:.2f}" for end, bleu in row["valid_bleu"].items())
+            for row in rows
+        ]
+        bleu_note = est_bleu_note()
     lines += [
         "",
-        f"tok BLEU: {rows[0]['bleu_tok_signature']}; {tokenized_bleu_note(task.name, layout.tokenize)}",
+        f"tok BLEU: {rows[0]['bleu_tok_signature']}; {bleu_note}",
         f"BLEU: {rows[0]['bleu_signature']}",
         f"chrF: {rows[0]['chrf_signature']}",
     ]
-    if not args.smoke and (src, tgt) == task.pairs[0]:
+    if not args.smoke and (src, tgt) == task.pairs[0] and task.paper_bleu:
         lines.append("paper (tokenized BLEU): " + ", ".join(f"{k} {v}" for k, v in task.paper_bleu.items()))
     report = "\n".join(lines)
-    (work / f"results-seed{args.seed}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    (work / f"results-seed{args.seed}.md").write_text(report + "\n")
+    results = work / f"results-seed{layout.seeds}"
+    results.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    results.with_suffix(".md").write_text(report + "\n")
     print()
     print(report)
-    print(f"\nresults: {work / f'results-seed{args.seed}.md'}; total time {format_seconds(time.time() - started)}")
+    print(f"\nresults: {results.with_suffix('.md')}; total time {format_seconds(time.time() - started)}")
 
 
 if __name__ == "__main__":

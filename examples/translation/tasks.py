@@ -1,11 +1,15 @@
-"""The four translation tasks of Correia et al. (2019), Table 1, as recipe configurations, and
-the one table of the settings the recipes train and evaluate with.
+"""The four translation tasks of Correia et al. (2019), Table 1, and the IWSLT14 de-en experiment
+of Zhao et al.'s Explicit Sparse Transformer (2019), as recipe configurations, and the tables of
+the settings the recipes train and evaluate with.
 
-Every setting has its source: the paper (Correia, Niculae and Martins 2019, section 4, the same
-text as the first author's thesis, chapter 4), the authors' code (github goncalomcorreia/open-nmt,
-branch sparse-transformers, an OpenNMT-py fork) where the paper is silent, or, where both are,
-fairseq's usual choice, said so. docs/recipes.md shows `settings_table()` and `DEPARTURES`, and
-tests/test_recipes.py fails when the page and this module disagree.
+Every setting has its source. Correia et al.'s: the paper (Correia, Niculae and Martins 2019,
+section 4, the same text as the first author's thesis, chapter 4), the authors' code (github
+goncalomcorreia/open-nmt, branch sparse-transformers, an OpenNMT-py fork) where the paper is
+silent, or, where both are, fairseq's usual choice, said so. Zhao et al.'s: their script
+fairseq_deen_est.sh and their fairseq 0.9.0 fork (github lancopku/Explicit-Sparse-Transformer,
+fairseq_deen_ende/), whose data is fairseq's examples/translation/prepare-iwslt14.sh.
+docs/recipes.md shows `settings_table()`, `DEPARTURES`, `est_settings_table()` and
+`EST_DEPARTURES`, and tests/test_recipes.py fails when the page and this module disagree.
 """
 
 from dataclasses import dataclass
@@ -13,11 +17,17 @@ from dataclasses import dataclass
 from examples.pipeline.tools import PipelineError
 from examples.pipeline.training import TrainSettings
 from examples.translation.corpora import (
+    IWSLT14_CLEAN,
+    IWSLT14_TEST_SETS,
+    IWSLT14_VALID_EVERY,
     PRETOKENIZED_TASKS,
+    prepare_iwslt14,
     prepare_iwslt17,
     prepare_kftt,
     prepare_wmt14_en_de,
     prepare_wmt16_ro_en,
+    write_iwslt14_smoke_data,
+    write_smoke_data,
 )
 
 PAPER = "paper, section 4"
@@ -156,13 +166,231 @@ def tokenized_bleu_note(task_name, retokenized):
     return note + (f" ({TOKENIZED_BLEU_NOTES[task_name]})" if task_name in TOKENIZED_BLEU_NOTES else "")
 
 
+# --------------------------------------------------------------------------- Zhao et al., IWSLT14 de-en
+
+EST_SCRIPT = "EST script"  # fairseq_deen_est.sh
+EST_FAIRSEQ = "EST fairseq"  # their fairseq 0.9.0 fork, fairseq_deen_ende/
+PREPARE_IWSLT14 = "prepare-iwslt14.sh"  # fairseq's examples/translation/prepare-iwslt14.sh
+EST_OURS = "ours"
+
+EST_TOKENS_PER_UPDATE = Sourced(
+    16000, f"{EST_SCRIPT}: --max-tokens 4000 --update-freq 4 on one GPU (CUDA_VISIBLE_DEVICES=0)"
+)
+# The batch of one GPU in the script, kept when the GPUs at hand allow it (batch_shape).
+EST_MAX_TOKENS = 4000
+# TrainSettings fields, as for the four tasks above.
+EST_RECIPE = {
+    "arch": Sourced(
+        "explicit_sparse_transformer_iwslt_de_en",
+        f"{EST_SCRIPT}: -a transformer_iwslt_de_en (6+6 layers, d = 512, 4 heads, FFN 1024); "
+        "each variant names its normalizer (`--attention-normalizer`)",
+    ),
+    "normalize_before": Sourced(
+        False, f"{EST_FAIRSEQ}: models/transformer.py base_architecture (post-norm; the script sets none)"
+    ),
+    "dropout": Sourced(0.4, f"{EST_SCRIPT}: --dropout 0.4"),
+    "attention_dropout": Sourced(0.0, f"{EST_FAIRSEQ}: base_architecture (attention_dropout 0; the script sets none)"),
+    "activation_dropout": Sourced(
+        0.0, f"{EST_FAIRSEQ}: base_architecture (activation_dropout 0; the script sets none)"
+    ),
+    "lr": Sourced(1e-3, f"{EST_SCRIPT}: --lr 0.001 --lr-scheduler inverse_sqrt"),
+    "warmup_updates": Sourced(4000, f"{EST_SCRIPT}: --warmup-updates 4000 --warmup-init-lr 1e-07"),
+    "adam_betas": Sourced((0.9, 0.98), f"{EST_SCRIPT}: --adam-betas '(0.9, 0.98)'"),
+    "adam_eps": Sourced(1e-8, f"{EST_FAIRSEQ}: optim/adam.py (--adam-eps default 1e-8; the script sets none)"),
+    "weight_decay": Sourced(1e-4, f"{EST_SCRIPT}: --weight-decay 0.0001"),
+    "clip_norm": Sourced(25.0, f"{EST_FAIRSEQ}: options.py (--clip-norm default 25; the script sets none)"),
+    "label_smoothing": Sourced(0.1, f"{EST_SCRIPT}: --label-smoothing 0.1"),
+    "topk": Sourced(
+        8,
+        f"{EST_SCRIPT}: --div -8 (the 8 largest scores of each row, all keys of a shorter row), in encoder "
+        f"self, decoder self and cross attention ({EST_FAIRSEQ}: --use_att default es ds dc)",
+    ),
+    "keep_last_epochs": Sourced(50, f"{EST_SCRIPT}: --keep-last-epochs 50"),
+}
+EST_EPOCHS = Sourced(90, f"{EST_SCRIPT}: --max-epoch 90 (no --max-update)")
+EST_STOP_MIN_LR = Sourced(
+    1e-9, f"{EST_SCRIPT}: --min-lr 1e-09 (a stopping rule in fairseq 0.9, --stop-min-lr in fairseq 0.12)"
+)
+EST_FP16 = Sourced(True, f"{EST_SCRIPT}: --fp16 (on GPUs; a CPU run trains in float32)")
+EST_SEEDS = Sourced((1, 2, 3), f"{EST_SCRIPT}: for seed in 1 2 3")
+EST_VARIANTS = Sourced(
+    ("softmax", "topk"),
+    f"{EST_SCRIPT}: --div -8 against the softmax Transformer (--div 0, the default); add `--models sparsemax "
+    f"entmax15` for the paper's other baselines ({EST_FAIRSEQ}: --entmax 1 and 2)",
+)
+# (checkpoints averaged, the last epoch of each average)
+EST_AVERAGE = Sourced(
+    (10, tuple(range(50, 91, 5))),
+    f"{EST_SCRIPT}: average_checkpoints.py --num-epoch-checkpoints 10 --checkpoint-upper-bound i for i in 50 "
+    "55 ... 90, each average decoded on valid and test",
+)
+EST_SELECTION = Sourced(
+    "the average with the best validation BLEU; the test set is decoded with it only",
+    f"{EST_OURS}: the script decodes every average on both sets and leaves the choice open",
+)
+EST_DECODING = {
+    "beam": Sourced(5, f"{EST_SCRIPT}: generate.py --beam 5 --remove-bpe"),
+    "lenpen": Sourced(1.0, f"{EST_FAIRSEQ}: --lenpen default 1 (the script sets none)"),
+}
+EST_BLEU = Sourced(
+    "fairseq-generate's BLEU4 on the lowercased tokenised test set; sacreBLEU and chrF (lowercase) besides",
+    f"{EST_SCRIPT}: generate.py's BLEU (sacreBLEU: {EST_OURS})",
+)
+EST_DATA = {
+    "bpe_merges": Sourced(10000, f"{PREPARE_IWSLT14}: BPE_TOKENS=10000, joint BPE learned on train.de + train.en"),
+    "clean": Sourced(IWSLT14_CLEAN, f"{PREPARE_IWSLT14}: clean-corpus-n.perl -ratio 1.5 ... 1 175 before the split"),
+    "lowercase": Sourced(True, f"{PREPARE_IWSLT14}: lowercase.perl after Moses tokenisation (tokenizer.perl, no -a)"),
+    "valid": Sourced(f"every {IWSLT14_VALID_EVERY}rd cleaned training pair", f"{PREPARE_IWSLT14}: awk NR%23 == 0"),
+    "test": Sourced(
+        " + ".join(name.replace("IWSLT14.", "") for name in IWSLT14_TEST_SETS),
+        f"{PREPARE_IWSLT14}: cat of the five xml sets, ’ made '",
+    ),
+}
+EST_SOURCES = {
+    EST_SCRIPT: "fairseq_deen_est.sh in github lancopku/Explicit-Sparse-Transformer",
+    EST_FAIRSEQ: "their fairseq 0.9.0 fork there, fairseq_deen_ende/fairseq/",
+    PREPARE_IWSLT14: "fairseq's examples/translation/prepare-iwslt14.sh (github facebookresearch/fairseq)",
+    EST_OURS: "not in the sources: this recipe's choice",
+}
+
+EST_DEPARTURES = [
+    (
+        "One joined dictionary and `--share-all-embeddings`.",
+        "The script binarises with a dictionary per language (fairseq's IWSLT14 example, no "
+        "`--joined-dictionary`) and shares no embedding; the project's shared stages "
+        "(examples/pipeline/dataset.py, training.py) always join and share. Fewer parameters: the embeddings of "
+        "the two languages are one matrix.",
+    ),
+    (
+        "Moses tokenisation by sacremoses without HTML escaping (`&apos;` stays `'`).",
+        "tokenizer.perl escapes by default; an entity stands for one character inside the same token, so the "
+        "segmentation and the tokenised BLEU are unchanged, only BPE sees other strings.",
+    ),
+    (
+        "fairseq 0.12 (fairseq-fixed 0.12.3.1) and this package's top-k instead of the authors' fairseq 0.9.0 fork.",
+        "The same training options, `--min-lr` renamed `--stop-min-lr`; top-k keeps the scores >= the k-th "
+        "largest after the masks, then softmax, as their module does.",
+    ),
+    (
+        "The average is chosen on validation BLEU and only it decodes the test set.",
+        "The script decodes every average on valid and test and does not say which it reports; choosing on the "
+        "validation set keeps the test set out of the choice.",
+    ),
+    (
+        "Decoding batches of at most 8000 tokens instead of `--batch-size 128`.",
+        "The project's fairseq-generate command (examples/pipeline/evaluation.py); beam search gives the same "
+        "translations up to floating-point rounding.",
+    ),
+    (
+        "checkpoint_best.pt (best validation loss) is not decoded.",
+        "The script decodes it as well; the averages are what the selection is made from.",
+    ),
+    (
+        "Data downloaded from fairseq's address (dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz).",
+        "prepare-iwslt14.sh has it today; the authors' copy of the script names the older WIT3 address "
+        "(wit3.fbk.eu/archive/2014-01).",
+    ),
+]
+
+
+def est_train_settings(max_tokens, update_freq, cpu=False):
+    """The TrainSettings of a full IWSLT14 de-en run, as the authors' script trains.
+
+    Args:
+        max_tokens: tokens per GPU and batch (batch_shape).
+        update_freq: batches accumulated per update (batch_shape).
+        cpu: whether it trains on the CPU (no half precision there).
+
+    Returns:
+        A TrainSettings.
+    """
+    extra = ["--max-epoch", EST_EPOCHS.value, "--stop-min-lr", EST_STOP_MIN_LR.value]
+    if EST_FP16.value and not cpu:
+        extra.append("--fp16")
+    return TrainSettings(
+        **{key: s.value for key, s in EST_RECIPE.items()},
+        # fairseq's 0: no update limit; the epochs end the run.
+        max_update=0,
+        max_tokens=max_tokens,
+        update_freq=update_freq,
+        log_interval=100,
+        extra_args=extra,
+    )
+
+
+def est_settings_table():
+    """The IWSLT14 de-en recipe's settings, for docs/recipes.md.
+
+    Returns:
+        A Markdown table: setting, value, source.
+    """
+    rows = [("tokens per update", _cell(EST_TOKENS_PER_UPDATE.value), EST_TOKENS_PER_UPDATE.source)]
+    rows += [(key, _cell(s.value), s.source) for key, s in EST_RECIPE.items()]
+    rows += [
+        ("epochs", _cell(EST_EPOCHS.value), EST_EPOCHS.source),
+        ("stop_min_lr", _cell(EST_STOP_MIN_LR.value), EST_STOP_MIN_LR.source),
+        ("fp16", _cell(EST_FP16.value), EST_FP16.source),
+        ("seeds", ", ".join(map(str, EST_SEEDS.value)), EST_SEEDS.source),
+        ("variants trained by default", ", ".join(EST_VARIANTS.value), EST_VARIANTS.source),
+        (
+            "checkpoint averages",
+            f"the last {EST_AVERAGE.value[0]} epoch checkpoints, ending at epoch "
+            + ", ".join(map(str, EST_AVERAGE.value[1])),
+            EST_AVERAGE.source,
+        ),
+        ("selection", EST_SELECTION.value, EST_SELECTION.source),
+    ]
+    rows += [(key, _cell(s.value), s.source) for key, s in EST_DECODING.items()]
+    rows.append(("BLEU", EST_BLEU.value, EST_BLEU.source))
+    rows += [(key, _cell(s.value), s.source) for key, s in EST_DATA.items()]
+    lines = ["| setting | value | source |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {source} |" for name, value, source in rows]
+    lines += ["", "Sources: " + "; ".join(f"{key}: {what}" for key, what in EST_SOURCES.items()) + "."]
+    return "\n".join(lines)
+
+
+def est_departures_table():
+    """Where the IWSLT14 de-en recipe departs from the authors' script, for docs/recipes.md.
+
+    Returns:
+        A Markdown table: departure, why.
+    """
+    lines = ["| departure | why |", "|---|---|"]
+    lines += [f"| {what} | {why} |" for what, why in EST_DEPARTURES]
+    return "\n".join(lines)
+
+
 @dataclass
 class SmokeData:
     """Real text from ../shared/data for the smoke mode: split -> (file stem relative to the
-    shared data folder, first line, end line); the files are f"{stem}.{lang}"."""
+    shared data folder, first line, end line), or a list of them, concatenated; the files are
+    f"{stem}.{lang}"."""
 
     splits: dict
     note: str
+    write: object = write_smoke_data  # function(task, shared_data, src, tgt, out_dir)
+    pretokenized: bool = False  # `write` tokenises the text, as the task's prepare does
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What the tasks of one paper share, and how the driver (recipe.py) runs them."""
+
+    name: str
+    tokens_per_update: int
+    preferred_max_tokens: object  # per GPU when the GPUs allow it (None: tokens_per_update / GPUs)
+    bpe_merges: int
+    clean: object  # (max_len, max_ratio) after BPE, or None: the prepare stage cleans
+    variants: tuple  # trained by default
+    seeds: tuple  # trained by default
+    beam: int
+    lenpen: float
+    # "best": checkpoint_best.pt; "epoch_averages": averages of the last n epoch checkpoints
+    # ending at several epochs, the best on the validation set.
+    selection: str
+    average: tuple = ()  # (n, end epochs), for "epoch_averages"
+    smoke_average: tuple = ()
+    training_note: str = ""  # what a full run trains, for the refusal without CUDA
 
 
 @dataclass
@@ -177,19 +405,67 @@ class Task:
     data_notes: str = ""
     pretokenized: bool = False  # the official text is tokenised already (written with test.orig.*)
     clean_max_ratio: object = DATA["clean"].value[1]  # None: no length-ratio rule
+    experiment: Experiment = None  # None: CORREIA
 
 
-def train_settings(task_name, max_tokens, update_freq):
+CORREIA = Experiment(
+    name="correia",
+    tokens_per_update=TOKENS_PER_UPDATE.value,
+    preferred_max_tokens=None,
+    bpe_merges=DATA["bpe_merges"].value,
+    clean=DATA["clean"].value,
+    variants=TABLE1_VARIANTS,
+    seeds=(1,),
+    beam=DECODING["beam"].value,
+    lenpen=DECODING["lenpen"].value,
+    selection="best",
+    training_note="trains Transformer base models for 100k+ updates each",
+)
+EST = Experiment(
+    name="est",
+    tokens_per_update=EST_TOKENS_PER_UPDATE.value,
+    preferred_max_tokens=EST_MAX_TOKENS,
+    bpe_merges=EST_DATA["bpe_merges"].value,
+    # prepare-iwslt14.sh cleans the tokenised text before BPE and before taking the validation set.
+    clean=None,
+    variants=EST_VARIANTS.value,
+    seeds=EST_SEEDS.value,
+    beam=EST_DECODING["beam"].value,
+    lenpen=EST_DECODING["lenpen"].value,
+    selection="epoch_averages",
+    average=EST_AVERAGE.value,
+    # The smoke mode trains 3 epochs: averages of the last 2 ending at epochs 2 and 3.
+    smoke_average=(2, (2, 3)),
+    training_note="trains transformer_iwslt_de_en models for 90 epochs each",
+)
+
+
+def experiment_of(task):
+    """The Experiment of a task.
+
+    Args:
+        task: a Task.
+
+    Returns:
+        Its Experiment (CORREIA unless it names another).
+    """
+    return task.experiment or CORREIA
+
+
+def train_settings(task_name, max_tokens, update_freq, cpu=False):
     """The TrainSettings of a full run of one task, from the tables above.
 
     Args:
         task_name: a key of TASKS.
         max_tokens: tokens per GPU and batch (batch_shape).
         update_freq: batches accumulated per update (batch_shape).
+        cpu: whether it trains on the CPU.
 
     Returns:
         A TrainSettings.
     """
+    if experiment_of(TASKS[task_name]) is EST:
+        return est_train_settings(max_tokens, update_freq, cpu=cpu)
     every = VALIDATE_EVERY[task_name]
     return TrainSettings(
         **{key: s.value for key, s in RECIPE.items()},
@@ -203,24 +479,31 @@ def train_settings(task_name, max_tokens, update_freq):
     )
 
 
-def batch_shape(num_gpus, max_tokens=None, update_freq=None):
-    """The batch that gives exactly the paper's 8192 tokens per update.
+def batch_shape(num_gpus, max_tokens=None, update_freq=None, total=None, preferred_max_tokens=None):
+    """The batch that gives exactly the paper's tokens per update.
 
     Args:
         num_gpus: the devices to train on.
         max_tokens: --max-tokens, or None: chosen.
-        update_freq: --update-freq, or None: chosen (1 when both are None).
+        update_freq: --update-freq, or None: chosen.
+        total: the tokens per update (default: Correia et al.'s 8192).
+        preferred_max_tokens: with neither given, the --max-tokens to keep when num_gpus allow
+            it, accumulating the rest (the authors' batch of one GPU); otherwise, or without
+            it, update_freq 1.
 
     Returns:
         (max_tokens per GPU, update_freq).
 
     Raises:
-        PipelineError: num_gpus < 1, or the combination cannot make 8192; the message says
+        PipelineError: num_gpus < 1, or the combination cannot make `total`; the message says
             which would.
     """
-    total = TOKENS_PER_UPDATE.value
+    total = total or TOKENS_PER_UPDATE.value
     if num_gpus < 1:
         raise PipelineError(f"--num-gpus must be at least 1, not {num_gpus}")
+    if max_tokens is None and update_freq is None and preferred_max_tokens:
+        if total % (num_gpus * preferred_max_tokens) == 0:
+            max_tokens = preferred_max_tokens
     if max_tokens is None:
         update_freq = update_freq or 1
         max_tokens = total // (num_gpus * update_freq)
@@ -234,7 +517,7 @@ def batch_shape(num_gpus, max_tokens=None, update_freq=None):
         ]
         raise PipelineError(
             f"--max-tokens {max_tokens} x --update-freq {update_freq} x {num_gpus} GPU(s) is not the paper's "
-            f"{total} tokens per update: use " + (", ".join(options) or "a number of GPUs that divides 8192")
+            f"{total} tokens per update: use " + (", ".join(options) or f"a number of GPUs that divides {total}")
         )
     return max_tokens, update_freq
 
@@ -380,6 +663,33 @@ TASKS = {
         data_notes="train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs); valid: newstest2013; "
         "test: newstest2014 (full)",
     ),
+    "iwslt14": Task(
+        name="iwslt14",
+        title="IWSLT14 de-en (TED talks; Zhao et al.'s Explicit Sparse Transformer)",
+        pairs=(("de", "en"), ("en", "de")),
+        downloads=[("http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz", "de-en.tgz")],
+        prepare=prepare_iwslt14,
+        pretokenized="iwslt14" in PRETOKENIZED_TASKS,
+        smoke=SmokeData(
+            {
+                "train": ("iwslt16_de_en_sample/train", 0, 600),
+                "test": [
+                    ("iwslt16_de_en_sample/dev_test/IWSLT16.TED.dev2010", 0, 10),
+                    ("iwslt16_de_en_sample/dev_test/IWSLT16.TEDX.dev2012", 0, 10),
+                    ("iwslt16_de_en_sample/dev_test/IWSLT16.TED.tst2010", 0, 10),
+                ],
+            },
+            "IWSLT16 TED sample: first 600 training pairs, prepared as prepare-iwslt14.sh (valid every 23rd); "
+            "test the first 10 lines of TED dev2010, TEDX dev2012 and TED tst2010",
+            write=write_iwslt14_smoke_data,
+            pretokenized=True,
+        ),
+        # Their BLEU figures were not found in a readable copy of the paper: none is printed.
+        paper_bleu={},
+        data_notes="IWSLT14 de-en.tgz as prepare-iwslt14.sh: train.tags tokenised, cleaned (1-175, ratio 1.5), "
+        "lowercased; valid every 23rd pair; test TED dev2010 + TEDX dev2012 + TED tst2010-2012",
+        experiment=EST,
+    ),
 }
 
 # Smoke mode: every stage at tiny scale on CPU, with the recipe's architecture choices
@@ -414,3 +724,18 @@ SMOKE_TRAIN = TrainSettings(
         4,
     ],
 )
+
+# The IWSLT14 smoke mode: the authors' choices (post-norm, dropout 0.4, weight decay, epoch
+# checkpoints and their averages) on a model of the smoke size, for 3 epochs.
+SMOKE_EST_TRAIN = TrainSettings(
+    **{key: s.value for key, s in EST_RECIPE.items() if key not in ("lr", "warmup_updates", "keep_last_epochs")},
+    max_update=0,
+    max_tokens=2048,
+    lr=2e-3,
+    warmup_updates=20,
+    keep_last_epochs=3,
+    log_interval=20,
+    model_args=SMOKE_TRAIN.model_args,
+    extra_args=["--max-epoch", 3, "--stop-min-lr", EST_STOP_MIN_LR.value],
+)
+SMOKE_SETTINGS = {"correia": SMOKE_TRAIN, "est": SMOKE_EST_TRAIN}
