@@ -104,7 +104,7 @@ SETTINGS = {
         join_lines=1,
         max_tokens=256,
         gen_len=8,
-        gen_sentences=32,
+        gen_sentences=64,
         about="tiny model (1+1 layers, d=32, 4 heads), a check of the benchmark itself",
     ),
 }
@@ -280,7 +280,8 @@ def generate(data_bin, save_dir, setting, device_args):
         device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
 
     Returns:
-        Sentences per second.
+        Sentences per second; None when the two runs' times, which fairseq reports to 0.1 s,
+        do not differ (too few sentences for the rate to be measured).
     """
     n = setting["gen_len"]
     done = {}
@@ -312,6 +313,8 @@ def generate(data_bin, save_dir, setting, device_args):
         match = re.search(r"Translated ([\d,]+) sentences \(.*?\) in ([\d.]+)s", text)
         done[subset] = (int(match.group(1).replace(",", "")), float(match.group(2)))
     (all_sentences, all_seconds), (batch_sentences, batch_seconds) = done["test"], done["valid"]
+    if all_seconds <= batch_seconds:
+        return None
     return (all_sentences - batch_sentences) / (all_seconds - batch_seconds)
 
 
@@ -334,6 +337,19 @@ def machine(device="cpu"):
     return text
 
 
+def median_of_measured(values):
+    """The median of the values that are not None.
+
+    Args:
+        values: floats or None (not measured).
+
+    Returns:
+        Their median, or None when none was measured.
+    """
+    measured = [value for value in values if value is not None]
+    return statistics.median(measured) if measured else None
+
+
 def results_table(median, memory_label):
     """The results of one setting as a Markdown table, each figure beside its ratio to the
     baseline (the first model).
@@ -351,7 +367,7 @@ def results_table(median, memory_label):
         "|---|---|---|---|---|---|---|",
     ]
     for model, m in median.items():
-        sps = "- | -" if m["sps"] is None else f"{m['sps']:.2f} | {m['sps'] / base['sps']:.2f}"
+        sps = "- | -" if None in (m["sps"], base["sps"]) else f"{m['sps']:.2f} | {m['sps'] / base['sps']:.2f}"
         lines.append(
             f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['memory']:.0f} | "
             f"{m['memory'] / base['memory']:.2f} | {sps} |"
@@ -484,13 +500,12 @@ def main():
                     results[model]["sps"].append(sps)
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
-                    "sentences/s: " + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()),
+                    "sentences/s: "
+                    + ", ".join(f"{model} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
                     flush=True,
                 )
-        median = {
-            model: {key: statistics.median(values) if values else None for key, values in r.items()}
-            for model, r in results.items()
-        }
+        # A generation too short to be timed gave None (generate): the median is of the others.
+        median = {model: {key: median_of_measured(values) for key, values in r.items()} for model, r in results.items()}
         about = (
             f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
             f"{', fp16' if args.fp16 else ''}, generation of {n_gen} sentences, beam 5, to exactly "
@@ -510,7 +525,9 @@ def main():
                     "peak_memory_mib": m["memory"],
                     "peak_memory_ratio": m["memory"] / base["memory"],
                     "generate_sentences_per_s": m["sps"],
-                    "generate_sentences_per_s_ratio": None if m["sps"] is None else m["sps"] / base["sps"],
+                    "generate_sentences_per_s_ratio": None
+                    if None in (m["sps"], base["sps"])
+                    else m["sps"] / base["sps"],
                 }
                 for model, m in median.items()
             },
