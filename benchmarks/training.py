@@ -190,7 +190,7 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
     return work / "bin"
 
 
-def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=False):
+def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=False, save=True):
     """Train one model with fairseq-train, validation off.
 
     Args:
@@ -202,6 +202,8 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
         updates: training updates.
         cuda: whether it trains on the GPU: fairseq-train then runs through
             benchmarks/cuda_peak_memory.py, which records the peak GPU memory.
+        save: whether to save the checkpoint (generate needs it); a Transformer base's, with
+            Adam's state, takes seconds to write.
 
     Returns:
         (target words/s, the mean of fairseq's wps without the first log interval; peak
@@ -253,6 +255,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
             "--no-epoch-checkpoints",
             "--save-interval-updates",
             str(updates),
+            *([] if save else ["--no-save"]),
             "--seed",
             "1",
             "--log-format",
@@ -428,6 +431,11 @@ def main():
         help="also run each sparse model with --compile-normalizers (compiling is in the first, "
         "dropped, log interval of training and the first, cancelled, batch of generation)",
     )
+    parser.add_argument(
+        "--only-compiled",
+        action="store_true",
+        help="with --compile, the sparse models only with --compile-normalizers (the baseline stays)",
+    )
     args = parser.parse_args()
     models = {
         name: model_args
@@ -435,8 +443,12 @@ def main():
         if args.models is None or name in args.models or name == next(iter(MODELS))
     }
     compiled = set()
+    if args.only_compiled and not args.compile:
+        parser.error("--only-compiled needs --compile")
     if args.compile:
         compiled = {f"{name}, compiled": name for name in COMPILED if name in models}
+        if args.only_compiled:
+            models = {name: model_args for name, model_args in models.items() if name not in COMPILED}
         models.update((label, MODELS[name] + ["--compile-normalizers"]) for label, name in compiled.items())
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
@@ -486,6 +498,7 @@ def main():
                     device_args,
                     args.updates,
                     cuda=cuda,
+                    save=model in generated,
                 )
                 results[model]["wps"].append(wps)
                 results[model]["memory"].append(memory)
