@@ -17,8 +17,9 @@ check then exits 1):
    then fairseq-generate and fairseq-interactive from its checkpoint.
 6. training: benchmarks/training.py --device cuda --fp16 at the paper's Transformer-base size on
    the given text: training words/s and peak GPU memory of softmax, sparsemax, 1.5-entmax,
-   learned alpha-entmax and top-k, with and without --compile-normalizers, and fairseq-generate
-   sentences/s (of the models trained without it), each as a ratio to softmax.
+   learned alpha-entmax and top-k, and fairseq-generate sentences/s, each as a ratio to softmax.
+7. training-compiled: the same trainings (no generation) with --compile-normalizers, in a run
+   of their own beside softmax: the first run's figures stand when this one runs out of time.
 
 The text is a folder with train.de and train.en, line-aligned (--data): a few thousand lines
 are enough. `make gpu-data` copies them from ../shared/data into .gpu-data/ (ignored by git),
@@ -69,6 +70,8 @@ LAYER_NORMALIZERS = [
     ("topk", {"topk": 8}),
     ("topk", {"topk_fraction": 0.3}),
 ]
+# The training benchmark's second run: the sparse models with --compile-normalizers only.
+COMPILED_ARGS = "--compile --only-compiled --generate none"
 # Seconds kept for each later step when a step's time limit is set: no step can starve the
 # ones after it of the whole budget.
 RESERVE_S = 20
@@ -84,9 +87,10 @@ FULL = dict(
     + ["--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
     round_trip_updates=300,
     round_trip_lines=3000,
-    training_args=["--settings", "paper-size", "--compile", "--generate", "uncompiled", "--fp16"]
-    + ["--rounds", "1", "--gen-repeats", "1", "--updates", "30", "--lines", "3900"],
-    budget_s=570,
+    training_args=["--settings", "paper-size", "--fp16", "--rounds", "1", "--gen-repeats", "1", "--updates", "20"]
+    + ["--lines", "3900", "--models", "sparsemax", "1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"],
+    compiled_env={},
+    budget_s=540,
 )
 TINY = dict(
     device="cpu",
@@ -102,7 +106,10 @@ TINY = dict(
     # command costs seconds of CPU at start-up, and the check of the check should be quick
     training_args=["--settings", "tiny", "--models", "top-k (k=8)", "--rounds", "1", "--generate", "none"]
     + ["--updates", "10", "--lines", "300"],
-    budget_s=600,
+    # torch.compile runs the function uncompiled: inductor's C++ build would take the CPU for
+    # longer than the rest of the check (compiling on the CPU has tests of its own).
+    compiled_env={"TORCH_COMPILE_DISABLE": "1"},
+    budget_s=900,
 )
 
 
@@ -116,6 +123,7 @@ def step_list(size):
         A list of (name, what it runs, its longest run in seconds).
     """
     device = size["device"]
+    training_args = " ".join(f"'{a}'" if " " in a else a for a in size["training_args"])
     return [
         ("environment", "versions of the GPU's driver, torch, CUDA, Triton, fairseq and this package", 60),
         ("cuda-tests", "pytest tests/test_normalizers_cuda.py (agreement with the CPU, no host sync)", 150),
@@ -125,7 +133,8 @@ def step_list(size):
             for dtype in DTYPES
         ),
         ("round-trip", "fairseq-train of a small model, then fairseq-generate and fairseq-interactive", 150),
-        ("training", "benchmarks/training.py --device " + device + " " + " ".join(size["training_args"]), 480),
+        ("training", f"benchmarks/training.py --device {device} {training_args}", 300),
+        ("training-compiled", f"benchmarks/training.py --device {device} {training_args} {COMPILED_ARGS}", 300),
     ]
 
 
@@ -475,26 +484,36 @@ def round_trip(context):
     return found
 
 
-def training_step(context):
-    """Step 6: benchmarks/training.py.
+def training_step(name, extra_args, env_key=None):
+    """Steps 6 and 7: benchmarks/training.py.
+
+    Args:
+        name: the step's name (its files are named after it).
+        extra_args: arguments after the size's training_args.
+        env_key: None, or the key of the size's environment variables for the run.
 
     Returns:
-        The benchmark's JSON.
+        The step's function of the context, returning the benchmark's JSON.
     """
-    out = context["work"] / "training.json"
-    try:
-        run_command(
-            [sys.executable, HERE / "training.py", "--device", context["size"]["device"], "--data", context["data"]]
-            + [*context["size"]["training_args"], "--work-dir", context["work"] / "training", "--json", out],
-            context["work"] / "training.log",
-            context["timeout"],
-        )
-    except StepFailed:
-        # A setting finished before the failure is kept (training.py writes it as it ends).
-        if out.exists():
-            context["partial"] = json.loads(out.read_text())
-        raise
-    return json.loads(out.read_text())
+
+    def step(context):
+        out = context["work"] / f"{name}.json"
+        try:
+            run_command(
+                [sys.executable, HERE / "training.py", "--device", context["size"]["device"], "--data", context["data"]]
+                + [*context["size"]["training_args"], *extra_args, "--work-dir", context["work"] / name, "--json", out],
+                context["work"] / f"{name}.log",
+                context["timeout"],
+                env=context["size"][env_key] if env_key else None,
+            )
+        except StepFailed:
+            # A setting finished before the failure is kept (training.py writes it as it ends).
+            if out.exists():
+                context["partial"] = json.loads(out.read_text())
+            raise
+        return json.loads(out.read_text())
+
+    return step
 
 
 STEP_FUNCTIONS = {
@@ -503,7 +522,8 @@ STEP_FUNCTIONS = {
     "attention-sync": attention_sync,
     **{f"normalizers-{dtype}": normalizers_step(dtype) for dtype in DTYPES},
     "round-trip": round_trip,
-    "training": training_step,
+    "training": training_step("training", []),
+    "training-compiled": training_step("training-compiled", COMPILED_ARGS.split(), "compiled_env"),
 }
 
 
@@ -626,9 +646,9 @@ def markdown_report(report):
                 )
         elif name == "round-trip":
             lines += ["", "## round-trip", "", "```", json.dumps(result, indent=1, ensure_ascii=False), "```"]
-        elif name == "training":
+        elif name.startswith("training"):
             for setting, figures in result["settings"].items():
-                lines += ["", f"## training: {setting}", "", figures["about"], "", result["machine"], ""]
+                lines += ["", f"## {name}: {setting}", "", figures["about"], "", result["machine"], ""]
                 lines += [
                     "| model | train words/s | ratio | peak memory MiB | ratio | generate sent/s | ratio |",
                     "|---|---|---|---|---|---|---|",
@@ -709,7 +729,7 @@ def main():
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="where the report is written")
     parser.add_argument("--work-dir", type=Path, help="logs and checkpoints (default: a temporary folder)")
     parser.add_argument("--cpu-tiny", action="store_true", help="every step at tiny size on the CPU (no measurement)")
-    parser.add_argument("--budget-s", type=float, help="seconds for all the steps (default: 570; --cpu-tiny 600)")
+    parser.add_argument("--budget-s", type=float, help="seconds for all the steps (default: 540; --cpu-tiny 900)")
     parser.add_argument("--steps", nargs="+", choices=list(STEP_FUNCTIONS), metavar="STEP", help="run only these steps")
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     parser.add_argument("--layer-sync-step", type=Path, help=argparse.SUPPRESS)

@@ -31,6 +31,7 @@ STEPS = [
     "normalizers-float16",
     "round-trip",
     "training",
+    "training-compiled",
 ]
 
 
@@ -115,11 +116,13 @@ def test_cpu_tiny_run_reports_every_step_and_records_a_failure_without_stopping(
     baseline, topk = models["softmax (fairseq transformer)"], models["top-k (k=8)"]
     assert baseline["train_words_per_s_ratio"] == 1.0 and baseline["peak_memory_ratio"] == 1.0
     assert topk["train_words_per_s"] > 0 and topk["train_words_per_s_ratio"] > 0 and topk["peak_memory_mib"] > 0
+    compiled = steps["training-compiled"]["result"]["settings"]["tiny"]["models"]
+    assert list(compiled) == ["softmax (fairseq transformer)", "top-k (k=8), compiled"]
 
     markdown = (out / "gpu-check.md").read_text()
     assert "Verdict: failed: cuda-tests" in markdown
     assert "| cuda-tests | failed |" in markdown and "| training | ok |" in markdown
-    assert "| top-k (k=8) |" in markdown
+    assert "| top-k (k=8) |" in markdown and "| top-k (k=8), compiled |" in markdown
     assert "| top-k (k=8) |" in proc.stdout, "the report is not printed"
     assert (out / "gpu-check-logs.tar.gz").stat().st_size > 0
 
