@@ -65,7 +65,7 @@ bench: setup
 # the .venv from carried wheels. PY=python3 runs it with another Python.
 GPU_CHECK_ARGS ?= --data .gpu-data --out gpu-check-out
 gpu-check:
-	@test -x $(PY) || { echo "$(PY) not found: run make setup (or, offline, bash benchmarks/gpu_install.sh install)"; exit 2; }
+	@command -v $(PY) >/dev/null || { echo "$(PY) not found: run make setup (or, offline, bash benchmarks/gpu_install.sh install)"; exit 2; }
 	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Real text for the GPU check: the first lines of a shared corpus, with its SOURCE.txt (origin

@@ -24,13 +24,15 @@
 # and that fairseq-train runs.
 #
 # A GPU session, from the root of its checkout:
-#   1. here: make gpu-wheels gpu-data     (.whl/ and .gpu-data/: ignored by git, carried)
-#   2. the device tool's run, with carry [".whl", ".gpu-data"] and timeout_s 600:
-#        set -o pipefail; export PYTHONUNBUFFERED=1; bash benchmarks/gpu_install.sh install
-#        2>&1 | tee $OUT/install.log && make gpu-check PY=python3
-#        GPU_CHECK_ARGS="--data .gpu-data --out $OUT --budget-s 480" 2>&1 | tee $OUT/gpu-check.log
-#      (one line); the report comes back as $OUT/gpu-check.md and .json, the logs as
-#      $OUT/gpu-check-logs.tar.gz.
+#   1. here: make gpu-wheels gpu-data     (.whl/ and .gpu-data/: ignored by git, carried; about
+#      32 MB and 1 MB)
+#   2. the device tool's run, with carry [".whl", ".gpu-data"] and timeout_s 600, this command
+#      (one line; the check's own budget, 520 s, leaves the install a minute):
+#        set -o pipefail; export PYTHONUNBUFFERED=1; bash benchmarks/gpu_install.sh install 2>&1 | tee $OUT/install.log; make gpu-check PY=python3 GPU_CHECK_ARGS="--data .gpu-data --out $OUT" 2>&1 | tee $OUT/gpu-check.log
+#      The report comes back as $OUT/gpu-check.md and gpu-check.json, the steps' logs as
+#      $OUT/gpu-check-logs.tar.gz, beside install.log and gpu-check.log. The check runs even
+#      when the install failed: its environment step then says what does not import.
+#   3. give_back, unless a step is rerun at once (`--steps NAME ...` runs only those).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -62,9 +64,14 @@ download() {
     # metadata, so it is fetched without building anything.
     "${pip[@]}" download --quiet --no-deps --no-binary=:all: --no-build-isolation -d "$WHEELS" "$FAIRSEQ"
     if [ "$all" = "--all" ]; then
-        # With their dependencies, resolved for the GPU's Python (antlr4 from the wheel above).
+        # With their dependencies, resolved for the GPU's Python (antlr4 from the wheel above);
+        # not entmax's, which is torch (there already).
+        local requirement resolved=()
+        for requirement in "${MISSING[@]}"; do
+            [[ $requirement == entmax* ]] || resolved+=("$requirement")
+        done
         "${pip[@]}" download --quiet --only-binary=:all: "${TARGET[@]}" --find-links "$WHEELS" -d "$WHEELS" \
-            "${ON_IMAGE[@]}" "${MISSING[@]}" antlr4-python3-runtime==4.9.3
+            "${ON_IMAGE[@]}" "${resolved[@]}" antlr4-python3-runtime==4.9.3
     fi
     ls -l "$WHEELS"
     du -sh "$WHEELS"
