@@ -28,7 +28,8 @@ which travels to a GPU machine as it is.
 Writes gpu-check.md and gpu-check.json (every figure and ratio, and what failed) and a tarball
 of the logs into --out, and prints the report. Without a CUDA device it stops at once, exit
 status 2, saying what it would have run. --cpu-tiny runs the same steps at tiny size on the
-CPU instead: no measurement, a check of the check itself (tests/test_gpu_check.py).
+CPU instead, the compiled trainings excepted: no measurement, a check of the check itself
+(tests/test_gpu_check.py).
 
     python benchmarks/gpu_check.py --data .gpu-data --out gpu-check-out
     make gpu-check GPU_CHECK_ARGS="--data .gpu-data --out gpu-check-out"
@@ -89,8 +90,8 @@ FULL = dict(
     round_trip_lines=3000,
     training_args=["--settings", "paper-size", "--fp16", "--rounds", "1", "--gen-repeats", "1", "--updates", "20"]
     + ["--lines", "3900", "--models", "sparsemax", "1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"],
-    compiled_env={},
-    budget_s=540,
+    skip={},
+    budget_s=520,
 )
 TINY = dict(
     device="cpu",
@@ -106,9 +107,9 @@ TINY = dict(
     # command costs seconds of CPU at start-up, and the check of the check should be quick
     training_args=["--settings", "tiny", "--models", "top-k (k=8)", "--rounds", "1", "--generate", "none"]
     + ["--updates", "10", "--lines", "300"],
-    # torch.compile runs the function uncompiled: inductor's C++ build would take the CPU for
-    # longer than the rest of the check (compiling on the CPU has tests of its own).
-    compiled_env={"TORCH_COMPILE_DISABLE": "1"},
+    # Inductor's C++ build would take the CPU for longer than the rest of the check;
+    # tests/test_fairseq_compile.py compiles through fairseq on the CPU.
+    skip={"training-compiled": "--cpu-tiny: compiling on the CPU is tested by tests/test_fairseq_compile.py"},
     budget_s=900,
 )
 
@@ -484,13 +485,12 @@ def round_trip(context):
     return found
 
 
-def training_step(name, extra_args, env_key=None):
+def training_step(name, extra_args):
     """Steps 6 and 7: benchmarks/training.py.
 
     Args:
         name: the step's name (its files are named after it).
         extra_args: arguments after the size's training_args.
-        env_key: None, or the key of the size's environment variables for the run.
 
     Returns:
         The step's function of the context, returning the benchmark's JSON.
@@ -504,7 +504,6 @@ def training_step(name, extra_args, env_key=None):
                 + [*context["size"]["training_args"], *extra_args, "--work-dir", context["work"] / name, "--json", out],
                 context["work"] / f"{name}.log",
                 context["timeout"],
-                env=context["size"][env_key] if env_key else None,
             )
         except StepFailed:
             # A setting finished before the failure is kept (training.py writes it as it ends).
@@ -523,7 +522,7 @@ STEP_FUNCTIONS = {
     **{f"normalizers-{dtype}": normalizers_step(dtype) for dtype in DTYPES},
     "round-trip": round_trip,
     "training": training_step("training", []),
-    "training-compiled": training_step("training-compiled", COMPILED_ARGS.split(), "compiled_env"),
+    "training-compiled": training_step("training-compiled", COMPILED_ARGS.split()),
 }
 
 
@@ -539,8 +538,8 @@ def run_steps(size, data, work, budget_s, only=None):
         only: None, or the names of the steps to run (the others are recorded as not run).
 
     Returns:
-        A list of {"step", "about", "status" ("ok", "failed" or "not run"), "seconds",
-        "result" or "error"}.
+        A list of {"step", "about", "status" ("ok", "failed", "skipped" by the size, or "not run"
+        when not among only), "seconds", "result" or "error" (why it failed or did not run)}.
     """
     steps = step_list(size)
     deadline = time.time() + budget_s
@@ -550,7 +549,14 @@ def run_steps(size, data, work, budget_s, only=None):
         if only is not None and name not in only:
             records.append(dict(record, status="not run", seconds=0.0, error="not among --steps"))
             continue
-        later = sum(1 for later_name, _, _ in steps[index + 1 :] if only is None or later_name in only)
+        if name in size["skip"]:
+            records.append(dict(record, status="skipped", seconds=0.0, error=size["skip"][name]))
+            continue
+        later = sum(
+            1
+            for later_name, _, _ in steps[index + 1 :]
+            if (only is None or later_name in only) and later_name not in size["skip"]
+        )
         timeout = min(longest, deadline - time.time() - RESERVE_S * later)
         context = {"size": size, "data": data, "work": work, "timeout": timeout}
         print(f"[gpu-check] {name}: {about} (limit {timeout:.0f}s)", flush=True)
@@ -605,7 +611,12 @@ def markdown_report(report):
         "| step | status | s | what |",
         "|---|---|---|---|",
     ]
-    lines += [f"| {r['step']} | {r['status']} | {r['seconds']:.0f} | {r['about']} |" for r in report["steps"]]
+    lines += [
+        f"| {r['step']} | {r['status']} | {r['seconds']:.0f} | {r['about']}"
+        + (f" ({r['error']})" if r["status"] in ("skipped", "not run") else "")
+        + " |"
+        for r in report["steps"]
+    ]
     for record in report["steps"]:
         result = record.get("result")
         if record["status"] == "failed":
