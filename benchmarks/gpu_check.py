@@ -442,7 +442,8 @@ def round_trip(context):
         + [*size["round_trip_size"], "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001"]
         + ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--criterion", "label_smoothed_cross_entropy"]
         + ["--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", str(size["round_trip_updates"])]
-        + ["--save-dir", save_dir, "--no-epoch-checkpoints", "--validate-interval", "1000", "--log-format", "json"]
+        + ["--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval", "1000", "--validate-interval", "1000"]
+        + ["--log-format", "json"]
         + ["--log-interval", str(max(1, size["round_trip_updates"] // 5)), "--seed", "1", "--no-progress-bar"]
         + cuda_args,
         work / "train.log",

@@ -340,6 +340,48 @@ def machine(device="cpu"):
     return text
 
 
+def setting_report(report, name, about, results, json_path):
+    """Put one setting's medians and ratios into the report, and write it to json_path.
+
+    Args:
+        report: the whole report (its "settings" gets this one's entry).
+        name: the setting's name.
+        about: what was run, a str.
+        results: {model: {"wps", "memory", "sps": lists of measurements}}, the baseline first;
+            a model with no training measured yet is left out.
+        json_path: None, or the file written.
+
+    Returns:
+        {model: {"wps", "memory", "sps": the median, or None where none was measured}}.
+    """
+    # A generation too short to be timed gave None (generate): the median is of the others.
+    median = {
+        model: {key: median_of_measured(values) for key, values in r.items()}
+        for model, r in results.items()
+        if r["wps"]
+    }
+    if not median:
+        return median
+    base = next(iter(median.values()))
+    report["settings"][name] = {
+        "about": about,
+        "models": {
+            model: {
+                "train_words_per_s": m["wps"],
+                "train_words_per_s_ratio": m["wps"] / base["wps"],
+                "peak_memory_mib": m["memory"],
+                "peak_memory_ratio": m["memory"] / base["memory"],
+                "generate_sentences_per_s": m["sps"],
+                "generate_sentences_per_s_ratio": None if None in (m["sps"], base["sps"]) else m["sps"] / base["sps"],
+            }
+            for model, m in median.items()
+        },
+    }
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return median
+
+
 def median_of_measured(values):
     """The median of the values that are not None.
 
@@ -502,6 +544,8 @@ def main():
                 )
                 results[model]["wps"].append(wps)
                 results[model]["memory"].append(memory)
+                # What was measured so far, in --json: a run stopped at a time limit keeps it.
+                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
                     f"{memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
@@ -511,42 +555,23 @@ def main():
                 rates = {model: generate(data_bin, save_dirs[model], setting, device_args) for model in generated}
                 for model, sps in rates.items():
                     results[model]["sps"].append(sps)
+                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
                     "sentences/s: "
                     + ", ".join(f"{model} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
                     flush=True,
                 )
-        # A generation too short to be timed gave None (generate): the median is of the others.
-        median = {model: {key: median_of_measured(values) for key, values in r.items()} for model, r in results.items()}
         about = (
             f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
             f"{', fp16' if args.fp16 else ''}, generation of {n_gen} sentences, beam 5, to exactly "
             f"{setting['gen_len']} tokens; median of {args.rounds} rounds "
             f"(generation: of {args.rounds * args.gen_repeats} runs)"
         )
+        median = setting_report(report, name, about, results, args.json)
         print(f"\n### {name}: {about}\n")
         print(results_table(median, memory_label))
         print(flush=True)
-        base = median[next(iter(models))]
-        report["settings"][name] = {
-            "about": about,
-            "models": {
-                model: {
-                    "train_words_per_s": m["wps"],
-                    "train_words_per_s_ratio": m["wps"] / base["wps"],
-                    "peak_memory_mib": m["memory"],
-                    "peak_memory_ratio": m["memory"] / base["memory"],
-                    "generate_sentences_per_s": m["sps"],
-                    "generate_sentences_per_s_ratio": None
-                    if None in (m["sps"], base["sps"])
-                    else m["sps"] / base["sps"],
-                }
-                for model, m in median.items()
-            },
-        }
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
