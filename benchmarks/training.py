@@ -562,11 +562,15 @@ def main():
                     + ", ".join(f"{model} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
                     flush=True,
                 )
+        generation = (
+            f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens"
+            if generated
+            else "no generation"
+        )
         about = (
             f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
-            f"{', fp16' if args.fp16 else ''}, generation of {n_gen} sentences, beam 5, to exactly "
-            f"{setting['gen_len']} tokens; median of {args.rounds} rounds "
-            f"(generation: of {args.rounds * args.gen_repeats} runs)"
+            f"{', fp16' if args.fp16 else ''}, {generation}; median of {args.rounds} rounds"
+            + (f" (generation: of {args.rounds * args.gen_repeats} runs)" if generated else "")
         )
         median = setting_report(report, name, about, results, args.json)
         print(f"\n### {name}: {about}\n")
