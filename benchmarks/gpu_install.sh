@@ -87,9 +87,11 @@ install() {
     if [ "${FAIRSEQ_FROM:-wheel}" = wheel ] && "${pip[@]}" --no-deps "$FAIRSEQ" && "$PYTHON" -c "import fairseq"; then
         echo "fairseq: from its cp312 wheel"
     else
-        # The wheel failed (or FAIRSEQ_FROM=sdist): build the sdist against the image's torch.
+        # The wheel failed (or FAIRSEQ_FROM=sdist): build the sdist against the image's torch,
+        # without CUDA_HOME, which would add CUDA extensions (minutes of nvcc) that translation
+        # does not use.
         "$PYTHON" -m pip uninstall --yes fairseq-fixed 2>/dev/null || true
-        "${pip[@]}" --no-deps --no-build-isolation "$WHEELS"/fairseq_fixed-0.12.3.1.tar.gz
+        env -u CUDA_HOME "${pip[@]}" --no-deps --no-build-isolation "$WHEELS"/fairseq_fixed-0.12.3.1.tar.gz
         echo "fairseq: built from its sdist"
     fi
     # This package, editable; its build backend (setuptools >= 77) comes from the wheels.
