@@ -8,9 +8,9 @@ check then exits 1):
 2. cuda-tests: tests/test_normalizers_cuda.py under pytest (the GPU agrees with the CPU, and
    forward and backward of every normalizer make no host synchronisation under
    torch.cuda.set_sync_debug_mode("error")); each test's outcome is reported.
-3. attention-sync: SparseMultiheadAttention's normalizer step (softmax, sparsemax, 1.5-entmax,
-   learned alpha-entmax, top-k), forward and backward in float32 and float16, under
-   torch.cuda.set_sync_debug_mode("error").
+3. attention-sync: the attention layer's normalizer step, the module SparseMultiheadAttention
+   calls on its scores (softmax, sparsemax, 1.5-entmax, learned alpha-entmax, top-k), forward
+   and backward in float32 and float16, under torch.cuda.set_sync_debug_mode("error").
 4. normalizers-<dtype>: benchmarks/normalizers.py --device cuda in float32, bfloat16 and
    float16 (against torch.softmax and, where installed, the entmax package).
 5. round-trip: a small learned alpha-entmax model trained with fairseq-train on the given text,
@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = ROOT / ".gpu-data"
 DTYPES = ["float32", "bfloat16", "float16"]
-# The attention layer's normalizers, as SparseMultiheadAttention names them, with their options.
+# The attention layer's normalizers, as build_normalizer names them, with their options.
 LAYER_NORMALIZERS = [
     ("softmax", {}),
     ("sparsemax", {}),
@@ -128,7 +128,7 @@ def step_list(size):
     return [
         ("environment", "versions of the GPU's driver, torch, CUDA, Triton, fairseq and this package", 60),
         ("cuda-tests", "pytest tests/test_normalizers_cuda.py (agreement with the CPU, no host sync)", 150),
-        ("attention-sync", "SparseMultiheadAttention's normalizer step under set_sync_debug_mode('error')", 90),
+        ("attention-sync", "the attention layer's normalizer step under set_sync_debug_mode('error')", 90),
         *(
             (f"normalizers-{dtype}", f"benchmarks/normalizers.py --device {device} --dtype {dtype} --json", 90)
             for dtype in DTYPES
@@ -334,12 +334,13 @@ def attention_sync(context):
 
 
 def layer_step_synchronisations(device, out):
-    """Forward and backward of SparseMultiheadAttention's normalizer step (the map of the
-    scores to attention weights, with learned alpha's clamp and top-k's per-row k) for every
-    normalizer, in float32 and in float16 (fairseq's --fp16), after one warm-up call (a
-    kernel's first launch may synchronise), under torch.cuda.set_sync_debug_mode("error"),
-    which raises on any synchronising call. On the CPU the step runs on the sync-free path and
-    nothing is checked. Writes {case: verdict} to out as each case ends.
+    """Forward and backward of the attention layer's normalizer step (the module
+    SparseMultiheadAttention calls on its scores, fairseq_entmax.normalizers.build_normalizer:
+    learned alpha's per-head alphas and clamp, top-k's per-row k) for every normalizer, in
+    float32 and in float16 (fairseq's --fp16), after one warm-up call (a kernel's first launch
+    may synchronise), under torch.cuda.set_sync_debug_mode("error"), which raises on any
+    synchronising call. On the CPU the step runs on the sync-free path and nothing is checked.
+    Writes {case: verdict} to out as each case ends.
 
     Args:
         device: "cuda" or "cpu".
@@ -347,8 +348,7 @@ def layer_step_synchronisations(device, out):
     """
     import torch
 
-    from fairseq_entmax.modules import SparseMultiheadAttention
-    from fairseq_entmax.normalizers import sync_free
+    from fairseq_entmax.normalizers import build_normalizer, sync_free
 
     cuda = device == "cuda"
     verdicts = {}
@@ -357,9 +357,7 @@ def layer_step_synchronisations(device, out):
         for normalizer, options in LAYER_NORMALIZERS:
             case = f"{normalizer} {json.dumps(options)} {str(dtype).replace('torch.', '')}"
             try:
-                layer = SparseMultiheadAttention(
-                    16, heads, attention_type="encoder_self", normalizer_name=normalizer, self_attention=True, **options
-                ).to(device)
+                layer = build_normalizer(normalizer, heads, **options).to(device)
                 generator = torch.Generator().manual_seed(0)
                 scores = torch.randn(3 * heads, queries, keys, generator=generator) * 3
                 scores[:heads, :, 15:] = float("-inf")  # padded keys
@@ -369,7 +367,7 @@ def layer_step_synchronisations(device, out):
 
                 def forward_backward(layer=layer, scores=scores, upstream=upstream):
                     x = scores.clone().requires_grad_()
-                    (layer.normalize(x) * upstream).sum().backward()
+                    (layer(x) * upstream).sum().backward()
                     return x.grad
 
                 if cuda:
