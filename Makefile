@@ -20,7 +20,7 @@ TOOLS := tensorboardX
 EXTRAS := dev
 RUFF := $(VENV)/bin/ruff
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup demo test test-fast lint format bench clean gpu-check gpu-data gpu-wheels
 
 setup: $(STAMP)
 
@@ -58,6 +58,31 @@ format: setup
 
 bench: setup
 	$(PY) benchmarks/normalizers.py --rounds 5 --threads 1
+
+# The GPU check (benchmarks/gpu_check.py): on a CUDA machine, the GPU-only tests and every
+# GPU benchmark in one report; without a CUDA device it stops at once, exit status 2. Not
+# through `setup`: on the GPU machine, which has no network, benchmarks/gpu_install.sh makes
+# the .venv from carried wheels. PY=python3 runs it with another Python.
+GPU_CHECK_ARGS ?= --data .gpu-data --out gpu-check-out
+gpu-check:
+	@command -v $(PY) >/dev/null || { echo "$(PY) not found: run make setup (or, offline, bash benchmarks/gpu_install.sh install)"; exit 2; }
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# Real text for the GPU check: the first lines of a shared corpus, with its SOURCE.txt (origin
+# and licence), copied into .gpu-data/, which git ignores (data is never committed) and which
+# a GPU run carries.
+GPU_DATA_SOURCE ?= ../shared/data/iwslt16_de_en_sample
+GPU_DATA_LINES ?= 4000
+gpu-data:
+	mkdir -p .gpu-data
+	head -n $(GPU_DATA_LINES) $(GPU_DATA_SOURCE)/train.de > .gpu-data/train.de
+	head -n $(GPU_DATA_LINES) $(GPU_DATA_SOURCE)/train.en > .gpu-data/train.en
+	cp $(GPU_DATA_SOURCE)/SOURCE.txt .gpu-data/
+
+# The wheels (and fairseq-fixed's sdist) that the GPU machine lacks, for an offline install
+# there (benchmarks/gpu_install.sh says how), into .whl/, which git ignores.
+gpu-wheels:
+	bash benchmarks/gpu_install.sh download
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

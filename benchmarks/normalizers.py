@@ -17,12 +17,18 @@ set size, reset before each call; CUDA: max_memory_allocated).
 a GPU runs, forced on the CPU) or compiled (the sync-free path through torch.compile, as
 --compile-normalizers runs it; compiled once per shape during the warm-up, not timed).
 
+--dtype gives the scores (and the upstream gradient) a precision: float32 (the default),
+bfloat16 or float16, as attention under fairseq's --bf16 or --fp16 gives them. The learned
+alpha stays float32, as SparseMultiheadAttention gives it. --json also writes every figure
+to a file.
+
 Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
-          [--path {early-exit,sync-free,compiled}]
+          [--path {early-exit,sync-free,compiled}] [--dtype {float32,bfloat16,float16}] [--json FILE]
 """
 
 import argparse
 import functools
+import json
 import os
 import platform
 import random
@@ -40,6 +46,7 @@ except ImportError:  # the comparison columns are left empty
     entmax_package = None
 
 SHAPES = [(512, 32, 32), (128, 128, 128), (32, 512, 512), (8, 1024, 1024)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEADS = 8
 TOPK = 8
 
@@ -225,19 +232,20 @@ def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=
     return (_rss_kib("VmHWM") - before) * 1024
 
 
-def shape_inputs(shape, device):
+def shape_inputs(shape, device, dtype=torch.float32):
     """The inputs of a shape, the same on every call.
 
     Args:
         shape: (batch * heads, queries, keys).
         device: where they are made.
+        dtype: the scores' and the upstream gradient's (alpha_logits stay float32).
 
     Returns:
         (scores, alpha_logits, upstream): random normal, the first two requiring grad.
     """
     torch.manual_seed(0)
-    scores = torch.randn(*shape, device=device).requires_grad_()
-    upstream = torch.randn(*shape, device=device)
+    scores = torch.randn(*shape, device=device).to(dtype).requires_grad_()
+    upstream = torch.randn(*shape, device=device).to(dtype)
     alpha_logits = torch.randn(HEADS, device=device).requires_grad_()
     return scores, alpha_logits, upstream
 
@@ -265,7 +273,7 @@ def method_entries(path):
     return entries, place_of
 
 
-def time_shape(shape, rounds, device, path):
+def time_shape(shape, rounds, device, path, dtype=torch.float32):
     """Median forward+backward milliseconds per method, and our max abs difference to the
     package. Each round times every method once, in an order shuffled per round, so that what
     one method leaves behind (caches, allocator state) does not always fall on the same next one.
@@ -275,12 +283,13 @@ def time_shape(shape, rounds, device, path):
         rounds: timed rounds.
         device: a torch.device.
         path: which of our paths (a key of PATHS).
+        dtype: the scores' (shape_inputs).
 
     Returns:
         (medians, differences): {(name, "ours" or "package"): median milliseconds}, and
         {name: max abs difference of our output to the package's}.
     """
-    scores, alpha_logits, upstream = shape_inputs(shape, device)
+    scores, alpha_logits, upstream = shape_inputs(shape, device, dtype)
     entries, place_of = method_entries(path)
     for _, _, fn in entries:  # warm-up
         forward_backward(fn, scores, alpha_logits, upstream)
@@ -295,11 +304,12 @@ def time_shape(shape, rounds, device, path):
         differences = {}
         for name, ours, package in methods(path):
             if package is not None:
-                differences[name] = (ours(scores, alpha_logits) - package(scores, alpha_logits)).abs().max().item()
+                difference = ours(scores, alpha_logits).float() - package(scores, alpha_logits).float()
+                differences[name] = difference.abs().max().item()
     return medians, differences
 
 
-def memory_shape(shape, device, release_free_memory, path):
+def memory_shape(shape, device, release_free_memory, path, dtype=torch.float32):
     """Peak memory of one forward+backward per method.
 
     Args:
@@ -307,11 +317,12 @@ def memory_shape(shape, device, release_free_memory, path):
         device: a torch.device.
         release_free_memory: on the CPU, the function cpu_memory_setup returns.
         path: which of our paths (a key of PATHS).
+        dtype: the scores' (shape_inputs).
 
     Returns:
         {(name, "ours" or "package"): peak MiB}.
     """
-    scores, alpha_logits, upstream = shape_inputs(shape, device)
+    scores, alpha_logits, upstream = shape_inputs(shape, device, dtype)
     entries, place_of = method_entries(path)
     measured = {}
     for name, which, fn in entries:
@@ -398,6 +409,37 @@ def format_table(results, measure_memory):
     return "\n".join(lines)
 
 
+def results_json(results):
+    """The results as JSON-ready rows, one per shape and normalizer, the ratios beside them.
+
+    Args:
+        results: {shape: (medians, memory, differences)}, as format_table takes them.
+
+    Returns:
+        A list of dicts (None where a figure was not measured).
+    """
+    rows = []
+    for shape, (medians, memory, differences) in results.items():
+        softmax_ms = medians[("torch.softmax", "ours")]
+        for name, _, _package in methods():
+            ours_ms, package_ms = medians[(name, "ours")], medians.get((name, "package"))
+            rows.append(
+                {
+                    "shape": list(shape),
+                    "normalizer": name,
+                    "ours_ms": ours_ms,
+                    "package_ms": package_ms,
+                    "ours_over_package": ours_ms / package_ms if package_ms is not None else None,
+                    "ours_over_softmax": ours_ms / softmax_ms,
+                    "ours_mib": memory.get((name, "ours")),
+                    "package_mib": memory.get((name, "package")),
+                    "softmax_mib": memory.get(("torch.softmax", "ours")),
+                    "max_abs_diff": differences.get(name),
+                }
+            )
+    return rows
+
+
 def main():
     """The benchmark's command line (see the top); prints the results table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -412,7 +454,15 @@ def main():
         default="early-exit",
         help="which of our paths to measure (default: early-exit, the CPU's default)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="float32",
+        help="the scores' precision (default float32; alpha stays float32)",
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this file (JSON)")
     args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -424,24 +474,39 @@ def main():
             parser.error(f"shape {shape}: give batch*heads x queries x keys with batch*heads a multiple of {HEADS}")
     if entmax_package is None:
         print("note: the entmax package is not installed; package columns are empty", file=sys.stderr)
-    timings = {shape: time_shape(shape, args.rounds, device, args.path) for shape in shapes}
+    timings = {shape: time_shape(shape, args.rounds, device, args.path, dtype) for shape in shapes}
     # Memory is measured after every timing: on CPU it changes how the C allocator serves
     # large blocks for the rest of the process (cpu_memory_setup), which would slow the
     # timing of whatever allocates large temporaries.
     memory = {}
     if not args.no_memory:
         release_free_memory = cpu_memory_setup() if device.type == "cpu" else None
-        memory = {shape: memory_shape(shape, device, release_free_memory, args.path) for shape in shapes}
+        memory = {shape: memory_shape(shape, device, release_free_memory, args.path, dtype) for shape in shapes}
     results = {
         shape: (medians, memory.get(shape, {}), differences) for shape, (medians, differences) in timings.items()
     }
-    print(f"machine: {machine_description(device)}")
-    print(f"command: python {' '.join(sys.argv)}")
-    print(
-        f"forward+backward, float32, median of {args.rounds} rounds, ours on the {args.path} path; "
+    # Off the CPU the normalizers take the sync-free path whatever --path says, unless compiled.
+    path = args.path if device.type == "cpu" or args.path == "compiled" else "sync-free"
+    about = (
+        f"forward+backward, {args.dtype}, median of {args.rounds} rounds, ours on the {path} path; "
         "ratios < 1 mean ours is faster"
     )
+    print(f"machine: {machine_description(device)}")
+    print(f"command: python {' '.join(sys.argv)}")
+    print(about)
     print(format_table(results, not args.no_memory))
+    if args.json:
+        report = {
+            "machine": machine_description(device),
+            "command": " ".join(sys.argv),
+            "about": about,
+            "dtype": args.dtype,
+            "path": path,
+            "rows": results_json(results),
+        }
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
 
 
 if __name__ == "__main__":

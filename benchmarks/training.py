@@ -8,8 +8,10 @@ work. Runs are interleaved over rounds (model A, B, C, D, A, B, ...) and the med
 which makes the ratios robust to a machine whose load changes during the run.
 
 Reported per model: training target words/s (fairseq's wps, first log interval dropped as
-warm-up), peak resident memory of the training process, generation sentences/s, and the
-ratios of each to the softmax baseline (fairseq's own `transformer` architecture).
+warm-up), peak memory of the training process (on the CPU its peak resident set size; on a GPU
+the peak of what torch allocated on the device, see benchmarks/cuda_peak_memory.py),
+generation sentences/s, and the ratios of each to the softmax baseline (fairseq's own
+`transformer` architecture). --json writes the same figures to a file.
 
 Generation speed is the steady rate: fairseq-generate translates the test sentences and, in
 another run, the 16 with the shortest sources, which are exactly the test run's first batch
@@ -21,7 +23,7 @@ generation runs are interleaved (A, B, C, D, A, B, ...) and the median is kept: 
 seconds, and a machine's speed drifts from one to the next (benchmarks/RESULTS.md).
 
     python benchmarks/training.py                     # CPU, both settings
-    python benchmarks/training.py --device cuda       # on a GPU
+    python benchmarks/training.py --device cuda --fp16 --compile   # on a GPU
     python benchmarks/training.py --settings long-small --rounds 1 --updates 10   # quick look
 """
 
@@ -41,6 +43,8 @@ import torch
 
 from fairseq_entmax import USER_DIR
 
+HERE = Path(__file__).resolve().parent
+
 # The repository root: model_size_args is the examples' (examples/pipeline/training.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.pipeline.training import model_size_args  # noqa: E402
@@ -59,12 +63,13 @@ MODELS = {
         "--attention-normalizer",
         "softmax",
     ],
+    "sparsemax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "sparsemax"],
     "1.5-entmax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "entmax15"],
     "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
     "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
 }
 # With --compile, each sparse model again with its normalizers through torch.compile.
-COMPILED = ["1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"]
+COMPILED = ["sparsemax", "1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"]
 
 # Sentences per fairseq-generate batch.
 GEN_BATCH = 16
@@ -91,18 +96,33 @@ SETTINGS = {
         gen_sentences=160,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
+    # Not a measurement: runs every step of the benchmark in seconds (benchmarks/gpu_check.py
+    # --cpu-tiny, and its test). Not among the default settings.
+    "tiny": dict(
+        base_arch="transformer",
+        size=model_size_args(layers=1, embed_dim=32, ffn_embed_dim=64, attention_heads=4),
+        join_lines=1,
+        max_tokens=256,
+        gen_len=8,
+        gen_sentences=64,
+        about="tiny model (1+1 layers, d=32, 4 heads), a check of the benchmark itself",
+    ),
 }
+DEFAULT_SETTINGS = ["paper-size", "long-small"]
 
 
-def run(args, log):
+def run(args, log, gpu_peak_file=None):
     """Run a fairseq command; exit with its log's end if it fails.
 
     Args:
         args: the command and its arguments.
         log: the file its output goes to.
+        gpu_peak_file: None, or the file benchmarks/cuda_peak_memory.py wrote for this
+            command (args must run it): the peak is read from there.
 
     Returns:
-        (its output, stdout and stderr together; the peak resident memory of that process, MiB).
+        (its output, stdout and stderr together; the peak memory of that process, MiB: its
+        resident set size, or on the GPU what torch allocated there, from gpu_peak_file).
     """
     with open(log, "w") as out:
         proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT)
@@ -110,6 +130,8 @@ def run(args, log):
     text = Path(log).read_text()
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"command failed: {' '.join(map(str, args))}\n{text[-3000:]}")
+    if gpu_peak_file is not None:
+        return text, json.loads(Path(gpu_peak_file).read_text())["peak_allocated_bytes"] / 2**20
     return text, usage.ru_maxrss / 1024
 
 
@@ -168,7 +190,7 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
     return work / "bin"
 
 
-def train(data_bin, save_dir, model_args, setting, device_args, updates):
+def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=False, save=True):
     """Train one model with fairseq-train, validation off.
 
     Args:
@@ -176,17 +198,28 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
         save_dir: fairseq's --save-dir (its log is written beside it).
         model_args: the architecture and attention options of the model.
         setting: an entry of SETTINGS (size, max_tokens).
-        device_args: ["--cpu"] or [].
+        device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
         updates: training updates.
+        cuda: whether it trains on the GPU: fairseq-train then runs through
+            benchmarks/cuda_peak_memory.py, which records the peak GPU memory.
+        save: whether to save the checkpoint (generate needs it); a Transformer base's, with
+            Adam's state, takes seconds to write.
 
     Returns:
         (target words/s, the mean of fairseq's wps without the first log interval; peak
-        resident memory of the process, MiB).
+        memory of the process, MiB: resident on the CPU, allocated by torch on the GPU).
     """
     log_path = save_dir.parent / f"{save_dir.name}.train.log"
+    gpu_peak_file = save_dir.parent / f"{save_dir.name}.gpu-peak.json" if cuda else None
+    # The same fairseq-train, in a process that records its peak GPU memory.
+    command = (
+        [sys.executable, HERE / "cuda_peak_memory.py", gpu_peak_file, "fairseq_cli.train"]
+        if cuda
+        else [BIN / "fairseq-train"]
+    )
     text, peak_mib = run(
         [
-            BIN / "fairseq-train",
+            *command,
             data_bin,
             "--user-dir",
             USER_DIR,
@@ -222,6 +255,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
             "--no-epoch-checkpoints",
             "--save-interval-updates",
             str(updates),
+            *([] if save else ["--no-save"]),
             "--seed",
             "1",
             "--log-format",
@@ -231,6 +265,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates):
             *device_args,
         ],
         log_path,
+        gpu_peak_file,
     )
     inner = [json.loads(line[line.index("{") :]) for line in text.splitlines() if "train_inner" in line and "{" in line]
     if len(inner) < 2:
@@ -245,10 +280,11 @@ def generate(data_bin, save_dir, setting, device_args):
         data_bin: the data-bin (make_data's).
         save_dir: the trained model's --save-dir (checkpoint_last.pt is used).
         setting: an entry of SETTINGS (gen_len: the forced output length).
-        device_args: ["--cpu"] or [].
+        device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
 
     Returns:
-        Sentences per second.
+        Sentences per second; None when the two runs' times, which fairseq reports to 0.1 s,
+        do not differ (too few sentences for the rate to be measured).
     """
     n = setting["gen_len"]
     done = {}
@@ -280,20 +316,108 @@ def generate(data_bin, save_dir, setting, device_args):
         match = re.search(r"Translated ([\d,]+) sentences \(.*?\) in ([\d.]+)s", text)
         done[subset] = (int(match.group(1).replace(",", "")), float(match.group(2)))
     (all_sentences, all_seconds), (batch_sentences, batch_seconds) = done["test"], done["valid"]
+    if all_seconds <= batch_seconds:
+        return None
     return (all_sentences - batch_sentences) / (all_seconds - batch_seconds)
 
 
-def machine():
+def machine(device="cpu"):
     """The machine, for the results.
 
+    Args:
+        device: "cpu" or "cuda" (then the GPU is named too).
+
     Returns:
-        The CPU's name, its cores and torch's version, a str.
+        The CPU's name, its cores, torch's version and the GPU where it applies, a str.
     """
     cpu = platform.processor() or platform.machine()
     if Path("/proc/cpuinfo").exists():
         names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
         cpu = names[0] if names else cpu
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
+    if device == "cuda":
+        text += f", GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
+    return text
+
+
+def setting_report(report, name, about, results, json_path):
+    """Put one setting's medians and ratios into the report, and write it to json_path.
+
+    Args:
+        report: the whole report (its "settings" gets this one's entry).
+        name: the setting's name.
+        about: what was run, a str.
+        results: {model: {"wps", "memory", "sps": lists of measurements}}, the baseline first;
+            a model with no training measured yet is left out.
+        json_path: None, or the file written.
+
+    Returns:
+        {model: {"wps", "memory", "sps": the median, or None where none was measured}}.
+    """
+    # A generation too short to be timed gave None (generate): the median is of the others.
+    median = {
+        model: {key: median_of_measured(values) for key, values in r.items()}
+        for model, r in results.items()
+        if r["wps"]
+    }
+    if not median:
+        return median
+    base = next(iter(median.values()))
+    report["settings"][name] = {
+        "about": about,
+        "models": {
+            model: {
+                "train_words_per_s": m["wps"],
+                "train_words_per_s_ratio": m["wps"] / base["wps"],
+                "peak_memory_mib": m["memory"],
+                "peak_memory_ratio": m["memory"] / base["memory"],
+                "generate_sentences_per_s": m["sps"],
+                "generate_sentences_per_s_ratio": None if None in (m["sps"], base["sps"]) else m["sps"] / base["sps"],
+            }
+            for model, m in median.items()
+        },
+    }
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return median
+
+
+def median_of_measured(values):
+    """The median of the values that are not None.
+
+    Args:
+        values: floats or None (not measured).
+
+    Returns:
+        Their median, or None when none was measured.
+    """
+    measured = [value for value in values if value is not None]
+    return statistics.median(measured) if measured else None
+
+
+def results_table(median, memory_label):
+    """The results of one setting as a Markdown table, each figure beside its ratio to the
+    baseline (the first model).
+
+    Args:
+        median: {model: {"wps", "memory", "sps" (None where not measured)}}, the baseline first.
+        memory_label: the memory column's title.
+
+    Returns:
+        The table, a str.
+    """
+    base = next(iter(median.values()))
+    lines = [
+        f"| model | train words/s | ratio | {memory_label} | ratio | generate sent/s | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model, m in median.items():
+        sps = "- | -" if None in (m["sps"], base["sps"]) else f"{m['sps']:.2f} | {m['sps'] / base['sps']:.2f}"
+        lines.append(
+            f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['memory']:.0f} | "
+            f"{m['memory'] / base['memory']:.2f} | {sps} |"
+        )
+    return "\n".join(lines)
 
 
 def main():
@@ -301,7 +425,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument(
+        "--fp16", action="store_true", help="train and generate in mixed precision (fairseq's --fp16; GPU only)"
+    )
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        choices=list(SETTINGS),
+        default=DEFAULT_SETTINGS,
+        help=f"default: {' '.join(DEFAULT_SETTINGS)} ('tiny' only checks that the benchmark runs)",
+    )
     parser.add_argument("--updates", type=int, default=15, help="training updates per run")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; the median is kept")
     parser.add_argument("--lines", type=int, default=6000, help="corpus lines used for training")
@@ -317,7 +450,15 @@ def main():
         default=3,
         help="fairseq-generate runs per trained model, interleaved across models; the median is kept",
     )
+    parser.add_argument(
+        "--generate",
+        choices=["all", "uncompiled", "none"],
+        default="all",
+        help="which models' generation speed is measured (default: all; uncompiled: not those "
+        "trained with --compile-normalizers)",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep logs and checkpoints here (default: a temporary folder)")
+    parser.add_argument("--json", type=Path, help="also write the results to this file (JSON)")
     parser.add_argument(
         "--models",
         nargs="+",
@@ -332,80 +473,108 @@ def main():
         help="also run each sparse model with --compile-normalizers (compiling is in the first, "
         "dropped, log interval of training and the first, cancelled, batch of generation)",
     )
+    parser.add_argument(
+        "--only-compiled",
+        action="store_true",
+        help="with --compile, the sparse models only with --compile-normalizers (the baseline stays)",
+    )
     args = parser.parse_args()
     models = {
         name: model_args
         for name, model_args in MODELS.items()
         if args.models is None or name in args.models or name == next(iter(MODELS))
     }
+    compiled = set()
+    if args.only_compiled and not args.compile:
+        parser.error("--only-compiled needs --compile")
     if args.compile:
-        models.update(
-            (f"{name}, compiled", MODELS[name] + ["--compile-normalizers"]) for name in COMPILED if name in models
-        )
+        compiled = {f"{name}, compiled": name for name in COMPILED if name in models}
+        if args.only_compiled:
+            models = {name: model_args for name, model_args in models.items() if name not in COMPILED}
+        models.update((label, MODELS[name] + ["--compile-normalizers"]) for label, name in compiled.items())
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):
         parser.error(f"--gen-sentences must be a multiple of {GEN_BATCH}, at least {2 * GEN_BATCH}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available to torch")
+    if args.fp16 and args.device != "cuda":
+        parser.error("--fp16 needs --device cuda (fairseq trains in fp16 on GPUs only)")
     if not (args.data / "train.de").exists():
         sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
-    device_args = ["--cpu"] if args.device == "cpu" else []
-    if args.device == "cpu":
-        device_args += ["--num-workers", "0"]
+    cuda = args.device == "cuda"
+    device_args = ["--fp16"] if args.fp16 else []
+    if not cuda:
+        device_args += ["--cpu", "--num-workers", "0"]
+    generated = [
+        model for model in models if args.generate == "all" or (args.generate == "uncompiled" and model not in compiled)
+    ]
+    memory_label = "peak GPU MiB" if cuda else "peak RSS MiB"
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
-    print(f"machine: {machine()}; device: {args.device}; work dir: {work_root}", flush=True)
+    print(f"machine: {machine(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
+    report = {
+        "machine": machine(args.device),
+        "device": args.device,
+        "fp16": args.fp16,
+        "command": " ".join(sys.argv),
+        "memory": "peak GPU memory allocated by torch" if cuda else "peak resident set size",
+        "settings": {},
+    }
     for name in args.settings:
         setting = SETTINGS[name]
         work = work_root / name
         n_gen = args.gen_sentences or setting["gen_sentences"]
         data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
-        results = {model: {"wps": [], "rss": [], "sps": []} for model in models}
+        results = {model: {"wps": [], "memory": [], "sps": []} for model in models}
         for round_ in range(args.rounds):
             save_dirs = {}
             for model, model_args in models.items():
                 save_dirs[model] = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
                 t0 = time.time()
-                wps, rss = train(
+                wps, memory = train(
                     data_bin,
                     save_dirs[model],
                     [a.format(**setting) for a in model_args],
                     setting,
                     device_args,
                     args.updates,
+                    cuda=cuda,
+                    save=model in generated,
                 )
                 results[model]["wps"].append(wps)
-                results[model]["rss"].append(rss)
+                results[model]["memory"].append(memory)
+                # What was measured so far, in --json: a run stopped at a time limit keeps it.
+                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
-                    f"peak {rss:.0f} MiB ({time.time() - t0:.0f}s)",
+                    f"{memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
                     flush=True,
                 )
-            for repeat in range(args.gen_repeats):
-                rates = {
-                    model: generate(data_bin, save_dir, setting, device_args) for model, save_dir in save_dirs.items()
-                }
+            for repeat in range(args.gen_repeats if generated else 0):
+                rates = {model: generate(data_bin, save_dirs[model], setting, device_args) for model in generated}
                 for model, sps in rates.items():
                     results[model]["sps"].append(sps)
+                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
-                    "sentences/s: " + ", ".join(f"{model} {sps:.2f}" for model, sps in rates.items()),
+                    "sentences/s: "
+                    + ", ".join(f"{model} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
                     flush=True,
                 )
-        median = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in results.items()}
-        base = median[next(iter(models))]
-        print(
-            f"\n### {name}: {setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens, "
-            f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens; "
-            f"median of {args.rounds} rounds "
-            f"(generation: of {args.rounds * args.gen_repeats} runs)\n"
+        generation = (
+            f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens"
+            if generated
+            else "no generation"
         )
-        print("| model | train words/s | ratio | peak RSS MiB | ratio | generate sent/s | ratio |")
-        print("|---|---|---|---|---|---|---|")
-        for model, m in median.items():
-            print(
-                f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['rss']:.0f} | "
-                f"{m['rss'] / base['rss']:.2f} | {m['sps']:.2f} | {m['sps'] / base['sps']:.2f} |"
-            )
+        about = (
+            f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
+            f"{', fp16' if args.fp16 else ''}, {generation}; median of {args.rounds} rounds"
+            + (f" (generation: of {args.rounds * args.gen_repeats} runs)" if generated else "")
+        )
+        median = setting_report(report, name, about, results, args.json)
+        print(f"\n### {name}: {about}\n")
+        print(results_table(median, memory_label))
         print(flush=True)
 
 

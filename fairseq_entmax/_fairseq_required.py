@@ -4,8 +4,9 @@ import importlib.util
 
 INSTALL_HINT = (
     "fairseq is not installed. The fairseq layer of fairseq-entmax (fairseq_entmax.modules, "
-    "fairseq_entmax.models, --user-dir fairseq_entmax) needs it. On Python 3.11 install it with "
-    "`make setup`, or by hand: `pip install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1` "
+    "fairseq_entmax.models, --user-dir fairseq_entmax) needs it. On Python 3.11, 3.12 or 3.13 install "
+    "it with `make setup` (`make setup PYTHON=python3.12` for another Python), or by hand: "
+    "`pip install --no-build-isolation --no-deps fairseq-fixed==0.12.3.1` "
     "after `pip install torch cython numpy setuptools wheel hydra-core==1.3.2 omegaconf==2.3.0 "
     "bitarray regex sacrebleu tqdm cffi scikit-learn`. fairseq_entmax.normalizers works without it."
 )
