@@ -1,0 +1,1 @@
+"""A drop-in for the entmax package (github deep-spin/entmax), torch only."""
