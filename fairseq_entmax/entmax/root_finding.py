@@ -307,68 +307,66 @@ def normmax_bisect(X, alpha=2, dim=-1, n_iter=50):
 
 
 # budget-sparsemax: max_p <X, p> - ||p||^2 / 2 s.t. 0 <= p <= 1, sum(p) = B, so p = clip(X - tau, 0,
-# 1) with f(tau) = sum_i clip(X_i - tau, 0, 1) = B. f is piecewise linear and nonincreasing with
-# breakpoints at X_i and X_i - 1: from the sorted scores and their cumulative sums, f at every
-# breakpoint gives the piece that holds the root, on which tau solves a linear equation exactly.
+# 1) with f(tau) = sum_i clip(X_i - tau, 0, 1) = B. f is piecewise linear and nonincreasing, with
+# slope minus the number of entries strictly between 0 and 1. The search is Newton's method on f
+# (each step solves f = B on the current set of such entries, as Michelot's does for sparsemax),
+# kept inside a bracket of the root by bisection; once the set no longer changes, the step is
+# exact and the next one is 0.
 
 
-def _budget_threshold(x, budget):
-    """tau of each row of the (n, d) finite block x for the (n, 1) budgets, in [0, d]."""
-    d = x.shape[-1]
-    ordered = torch.sort(x, dim=-1).values
-    sums = torch.nn.functional.pad(ordered.cumsum(dim=-1), (1, 0))
-
-    def clipped_sum(t):
-        """f(t) for (n, m) points t, with the counts of scores above t and at least t + 1."""
-        above = d - torch.searchsorted(ordered, t, right=True)
-        saturated = d - torch.searchsorted(ordered, t + 1.0)
-        between = sums.gather(-1, d - saturated) - sums.gather(-1, d - above)
-        return saturated + between - (above - saturated) * t, above, saturated, between
-
-    breaks = torch.sort(torch.cat([ordered - 1.0, ordered], dim=-1), dim=-1).values
-    values, *_ = clipped_sum(breaks)
-    # f is nonincreasing: the breakpoints where f >= B come first; f(min - 1) = d >= B.
-    k = (values >= budget).sum(dim=-1, keepdim=True).clamp_min_(1)
-    left = breaks.gather(-1, k - 1)
-    right = breaks.gather(-1, k.clamp_max(2 * d - 1))
-    # Inside the piece (left, right), f(t) = |saturated| + sum(between) - |between| t.
-    _, above, saturated, between = clipped_sum((left + right) / 2)
-    active = (above - saturated).to(x.dtype)
-    tau = (saturated + between - budget) / active.clamp_min(1.0)
-    # f is flat on the piece (every p is 0 or 1) or B = 0 (k = 2 d, p = 0): left will do.
-    return torch.where((active > 0) & (k < 2 * d), tau, left)
+def _budget_rows(x, out, budget, r):
+    """budget-sparsemax of each row of the block x into out, budget (m, 1); r is a scratch
+    block."""
+    z = out.copy_(x)
+    finite = (z > float("-inf")).sum(dim=-1, keepdim=True)
+    # A budget beyond the finite entries gives them all 1 (and -inf entries always 0).
+    budget = torch.minimum(budget.clamp_min(0.0), finite.to(z.dtype))
+    z_max = z.amax(dim=-1, keepdim=True)
+    lowest = torch.where(z > float("-inf"), z, float("inf")).amin(dim=-1, keepdim=True)
+    no_finite = finite == 0
+    z_max = z_max.masked_fill(no_finite, 0.0)
+    # f(lowest - 1) = the number of finite entries >= B; f(max - B / finite) <= B.
+    lo = lowest.masked_fill(no_finite, 0.0) - 1.0
+    hi = z_max - budget / finite.clamp_min(1).to(z.dtype)
+    # every finite entry 1: the root is any tau <= lo, which the steps would only approach
+    saturated = budget >= finite
+    floor = lo
+    tau = hi.clone()
+    tolerance = 4 * torch.finfo(z.dtype).eps
+    for _ in range(_MAX_PASSES):
+        torch.sub(z, tau, out=r).clamp_(0.0, 1.0)
+        excess = r.sum(dim=-1, keepdim=True) - budget
+        # the entries strictly between 0 and 1: r (1 - r) > 0, counted by its sign
+        between = torch.addcmul(r, r, r, value=-1.0, out=r).sign_().sum(dim=-1, keepdim=True)
+        step = excess / between  # +-inf or NaN where no entry is between: bisect there
+        converged = saturated | (excess == 0) | (step.abs() <= tolerance * (1.0 + tau.abs())) | torch.isnan(excess)
+        if bool(converged.all()):
+            break
+        lo = torch.where(excess > 0, tau, lo)
+        hi = torch.where(excess > 0, hi, tau)
+        new_tau = tau + step
+        outside = ~((new_tau > lo) & (new_tau < hi))
+        tau = torch.where(converged, tau, torch.where(outside, (lo + hi) / 2, new_tau))
+    final = torch.where(converged & (excess != 0) & ~torch.isnan(excess), tau + step, tau)
+    z.sub_(torch.where(saturated, floor, final)).clamp_(0.0, 1.0)
 
 
 class _BudgetBisectFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X, budget, dim):
         """budget: a per-row tensor (from _per_row)."""
-        work = compute_dtype(X.dtype)
-        z = X.to(work).movedim(dim, -1)
-        moved_shape = z.shape
-        z = z.reshape(-1, moved_shape[-1]).contiguous()
-        d = z.shape[-1]
-        budget = _rows(budget, X, dim, work).clamp(0.0, d)
-        finite = z > float("-inf")
-        # -inf scores take a value below every finite one minus 2, whose p stays 0 unless the
-        # budget exceeds the number of finite scores (which all get 1 then); p is set to 0
-        # there afterwards, as for a row of -inf only.
-        lowest = torch.where(finite, z, float("inf")).amin(dim=-1, keepdim=True)
-        lowest = torch.where(torch.isinf(lowest), 0.0, lowest)
-        tau = _budget_threshold(torch.where(finite, z, lowest - 2.0), budget)
-        p = (z - tau).clamp_(0.0, 1.0)
-        p = torch.where(torch.isnan(z).any(dim=-1, keepdim=True), float("nan"), p)
-        p = p.view(moved_shape).movedim(-1, dim)
         ctx.dim = dim
+        p = map_rows(X, dim, _budget_rows, row_params=(_rows(budget, X, dim, compute_dtype(X.dtype)),))
         ctx.save_for_backward(p)
-        return p.to(X.dtype)
+        return p
 
     @staticmethod
     def backward(ctx, grad):
         """The Jacobian is diag(s) - s s^T / |s| with s the indicator of 0 < p < 1."""
         (p,) = ctx.saved_tensors
-        g = grad.to(p.dtype)
-        active = ((p > 0) & (p < 1)).to(p.dtype)
+        work = compute_dtype(p.dtype)
+        p, g = p.to(work), grad.to(work)
+        active = ((p > 0) & (p < 1)).to(work)
         count = active.sum(dim=ctx.dim, keepdim=True).clamp_min(1.0)
         mean = (g * active).sum(dim=ctx.dim, keepdim=True) / count
         return ((g - mean) * active).to(grad.dtype), None, None
