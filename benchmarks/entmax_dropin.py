@@ -5,8 +5,9 @@ Each measurement is one forward and one backward: of the map's output against a 
 gradient, or of the summed loss. The maps run on attention-like scores (standard normal times 2,
 4,096 rows of 512 keys), the losses on output-layer scores (512 tokens, a vocabulary of 8,000,
 standard normal times 3, one random target each); a learned alpha is one per row, 1 + sigmoid(a),
-a requiring grad. Every method runs once per round, in an order shuffled per round, and the median
-over the rounds is reported, so that a busy machine slows both alike; "speed-up" is the package's
+a requiring grad. For each function, the package and the drop-in run once per round, in an order
+shuffled per round, and the median over the rounds is reported, so that a busy machine slows both
+alike; "speed-up" is the package's
 median over the drop-in's. "max |diff|" is the largest difference of the outputs (the package's
 bisection runs its default 50 steps).
 
