@@ -7,7 +7,11 @@ the normalizers' properties through the drop-in's API: -inf masks and rows of -i
 half precision, gradcheck.
 """
 
+import ast
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,11 +120,18 @@ def test_names_and_signatures_are_the_packages(module):
     assert callable(activations._entmax_threshold_and_support)
 
 
+@pytest.mark.slow  # a fresh Python imports torch
+def test_importing_the_dropin_imports_no_fairseq():
+    code = "import sys\nfrom fairseq_entmax import entmax\nprint(sorted({m.split('.')[0] for m in sys.modules}))"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    loaded = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert "torch" in loaded and "fairseq" not in loaded
+
+
 def test_the_dropin_imports_only_torch_and_this_packages_normalizers():
     """So that it loads without fairseq: its modules import the standard library, torch,
     fairseq_entmax.normalizers and each other (checked on their source)."""
-    import ast
-
     allowed = ("torch", "fairseq_entmax.normalizers", "fairseq_entmax.entmax")
     standard = {"functools", "inspect", "math", "numbers", "typing"}
     for path in Path(dropin.__file__).parent.glob("*.py"):

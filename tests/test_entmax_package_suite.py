@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 # Loaded with -p before collection. It maps the package's names to the drop-in, then checks that
@@ -53,17 +51,14 @@ def pytest_sessionfinish(session, exitstatus):
 """
 
 
-def _installed_test_files():
-    spec = importlib.util.find_spec("entmax")
-    if spec is None or spec.origin is None:
-        return None
-    return sorted(Path(spec.origin).parent.glob("test_*.py"))
+_SPEC = importlib.util.find_spec("entmax")
+PACKAGE_DIR = None if _SPEC is None or _SPEC.origin is None else Path(_SPEC.origin).parent
 
 
+@pytest.mark.slow  # the package's gradchecks: a minute
+@pytest.mark.requires(PACKAGE_DIR is not None, "the entmax package (test extra, `make setup`) is not installed")
 def test_the_packages_own_tests_pass_against_the_dropin(tmp_path):
-    files = _installed_test_files()
-    if files is None:
-        pytest.skip("the entmax package (test extra, `make setup`) is not installed: it ships the test files")
+    files = sorted(PACKAGE_DIR.glob("test_*.py"))
     if not files:
         pytest.skip("the installed entmax package ships no test files (test_*.py in its folder)")
     (tmp_path / "entmax_dropin_plugin.py").write_text(PLUGIN)
