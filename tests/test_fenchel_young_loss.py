@@ -227,7 +227,7 @@ class _FixedScores(torch.nn.Module):
 def _criterion(alpha, **kwargs):
     from fairseq.data import Dictionary
 
-    from fairseq_entmax.criterions import EntmaxLossCriterion
+    from fairseq_entmax.criterions.entmax_loss import EntmaxLossCriterion
 
     task = argparse.Namespace(target_dictionary=Dictionary())  # pad index 1, as PAD
     assert task.target_dictionary.pad() == PAD

@@ -13,16 +13,20 @@ minimum is H_alpha(q) and not 0 (the Fenchel-Young loss of q plus the constant H
 alpha = 1 it is exactly fairseq's label-smoothed cross-entropy, and its gradient is p - q at
 every alpha. Peters and Martins (2021) smooth the entmax losses the same way.
 
-Needs torch only: the loss is an autograd Function that runs the normalizer once and keeps
-only p for the backward.
+Needs torch only. The loss itself (its autograd Function, which runs the normalizer once and keeps
+only p for the backward, and the conjugate) is fairseq_entmax.entmax._fenchel_young, which the
+drop-in for the entmax package's losses shares; this module adds the criterion's argument checks
+and shapes.
 """
 
+import functools
 import math
 import numbers
 from typing import NamedTuple
 
 import torch
 
+from fairseq_entmax.entmax._fenchel_young import Regularizer, fenchel_young_rows, tsallis_conjugate
 from fairseq_entmax.normalizers import alpha_entmax
 from fairseq_entmax.normalizers._common import compute_dtype
 
@@ -62,72 +66,21 @@ def check_loss_alpha(alpha):
     )
 
 
-def _convex_conjugate(p, z, alpha):
-    """Omega*(z) = <p, z> + H_alpha(p) per row, from p = entmax_alpha(z) without a second pass
-    over p's powers.
+def tsallis_regularizer(alpha):
+    """The Regularizer of alpha-entmax (Omega = -H_alpha) for the shared Fenchel-Young loss.
 
-    On the support, p_i^(alpha - 1) = (alpha - 1) z_i - tau, so sum p^alpha = (alpha - 1) <p, z> -
-    tau, and tau follows from the largest score, whose p is at least 1 / V and so well
-    conditioned: tau = (alpha - 1) z_max - p_max^(alpha - 1). At alpha = 1 (the limit) this is
-    log-sum-exp(z) = z_max - log p_max.
+    Args:
+        alpha: a float >= 1, as check_loss_alpha returns it.
+
+    Returns:
+        Regularizer(project, conjugate): this package's alpha_entmax (the exact maps at
+        alpha = 1, 1.5 and 2) along the last dim, and its closed-form conjugate for the finite
+        scores of an output layer.
     """
-    z_max, argmax = z.max(dim=-1, keepdim=True)
-    log_p_max = p.gather(-1, argmax).log_()
-    if alpha == 1.0:
-        return (z_max - log_p_max).squeeze(-1)
-    # <p, z> row by row as a batched dot product: no temporary of the scores' size.
-    pz = torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1, 1)
-    am1 = alpha - 1.0
-    # (1 - p_max^(alpha - 1)) / (alpha (alpha - 1)) without cancellation as alpha -> 1
-    tail = torch.expm1(log_p_max * am1).div_(-alpha * am1)
-    return (pz * (am1 / alpha) + z_max / alpha + tail).squeeze(-1)
-
-
-class FenchelYoungLossFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, target, alpha, label_smoothing, ignore_index):
-        """logits (N, V), target (N,) int64; returns (loss, unsmoothed, support), each (N,)."""
-        z = logits.to(compute_dtype(logits.dtype))
-        vocab = z.shape[-1]
-        p = alpha_entmax(z, alpha)
-        valid = None if ignore_index is None else target != ignore_index
-        # An ignored row's target may be any index (fairseq's padding index is one): gather
-        # from index 0 there and mask the row afterwards.
-        safe_target = target if valid is None else target.masked_fill(~valid, 0)
-        z_target = z.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)
-        conjugate = _convex_conjugate(p, z, alpha)
-        unsmoothed = conjugate - z_target
-        if label_smoothing:
-            off_target = label_smoothing / (vocab - 1)
-            smoothed_dot = z_target * (1.0 - label_smoothing - off_target) + z.sum(dim=-1) * off_target
-            loss = conjugate - smoothed_dot
-        else:
-            off_target = 0.0
-            loss = unsmoothed.clone()
-        support = torch.linalg.vector_norm(p, ord=0, dim=-1)
-        if valid is not None:
-            for row_values in (loss, unsmoothed, support):
-                row_values.masked_fill_(~valid, 0.0)
-        ctx.mark_non_differentiable(unsmoothed, support)
-        ctx.save_for_backward(p, safe_target, valid)
-        ctx.smoothing = (label_smoothing, off_target)
-        return loss, unsmoothed, support
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_unsmoothed, grad_support):
-        p, target, valid = ctx.saved_tensors
-        label_smoothing, off_target = ctx.smoothing
-        g = grad_loss.to(p.dtype)
-        if valid is not None:
-            g = g * valid
-        g = g.unsqueeze(-1)
-        # p - q, scaled by the upstream gradient of each row
-        grad = p * g
-        if off_target:
-            grad.sub_(g * off_target)
-        grad.scatter_add_(-1, target.unsqueeze(-1), g * -(1.0 - label_smoothing - off_target))
-        # (autograd returns it in logits' dtype)
-        return grad, None, None, None, None
+    return Regularizer(
+        functools.partial(alpha_entmax, alpha=alpha, dim=-1),
+        functools.partial(tsallis_conjugate, alpha=alpha, finite_scores=True),
+    )
 
 
 def fenchel_young_loss(logits, target, alpha, label_smoothing=0.0, ignore_index=None):
@@ -173,7 +126,11 @@ def fenchel_young_loss(logits, target, alpha, label_smoothing=0.0, ignore_index=
     if label_smoothing and vocab < 2:
         raise ValueError("label smoothing needs a vocabulary of at least 2 entries")
     rows = logits.reshape(-1, vocab)
-    result = FenchelYoungLossFunction.apply(
-        rows, target.reshape(-1).long(), alpha, float(label_smoothing), ignore_index
+    result = fenchel_young_rows(
+        rows.to(compute_dtype(rows.dtype)),
+        target.reshape(-1).long(),
+        tsallis_regularizer(alpha),
+        label_smoothing,
+        ignore_index,
     )
     return FenchelYoungLoss(*(values.view(target.shape) for values in result))
