@@ -98,12 +98,12 @@ def test_batch(task, split="test", max_sentences=8):
 test_batch.__test__ = False  # a helper, not a test
 
 
-def record_normalizer_calls(model, monkeypatch):
-    """Wrap every attention's normalizer to keep its (scores, probabilities).
+def record_normalizer_calls(model):
+    """Hook every attention's normalizer module to keep its (scores, probabilities); the
+    hooks stay on the model, which each test loads for itself.
 
     Args:
         model: a model of this package.
-        monkeypatch: pytest's fixture, which undoes the wrapping after the test.
 
     Returns:
         {(attention type, layer): [(scores, probabilities), ...]}, filled as the model runs.
@@ -111,12 +111,10 @@ def record_normalizer_calls(model, monkeypatch):
     calls = {}
     for attention_type, layer, attention in sparse_attention_modules(model):
 
-        def normalize(scores, original=attention.normalize, key=(attention_type, layer)):
-            probabilities = original(scores)
-            calls.setdefault(key, []).append((scores.detach(), probabilities.detach()))
-            return probabilities
+        def record(module, inputs, probabilities, key=(attention_type, layer)):
+            calls.setdefault(key, []).append((inputs[0].detach(), probabilities.detach()))
 
-        monkeypatch.setattr(attention, "normalize", normalize)
+        attention.normalizer.register_forward_hook(record)
     return calls
 
 
@@ -131,7 +129,7 @@ def test_generation_uses_the_normalizer_everywhere(trained_model, monkeypatch, n
         raise AssertionError("F.multi_head_attention_forward bypassed the normalizer")
 
     monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", fused_attention)
-    calls = record_normalizer_calls(model, monkeypatch)
+    calls = record_normalizer_calls(model)
     sample = test_batch(task)
     generator = task.build_generator([model], argparse.Namespace(beam=4))
     hypotheses = task.inference_step(generator, [model], sample)
@@ -524,7 +522,7 @@ def test_without_fairseq_only_the_normalizers_import():
     code = (
         "import sys\n"
         "sys.modules['fairseq'] = None  # as if fairseq were not installed\n"
-        "import fairseq_entmax, torch\n"
+        "import fairseq_entmax.normalizers, torch\n"
         "print(fairseq_entmax.normalizers.sparsemax(torch.tensor([1.0, 0.0, -3.0])).tolist())\n"
         "for name in ('fairseq_entmax.models', 'fairseq_entmax.modules'):\n"
         "    try:\n"

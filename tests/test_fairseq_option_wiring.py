@@ -69,18 +69,15 @@ def attention_rows(model, task, beam=None, split="test"):
     every head: visible = scores that are not -inf (padding and future masked), kept =
     weights > 0 in the normalizer's output."""
     rows = {}
-    originals = []
+    hooks = []
     for attention_type, layer, attention in sparse_attention_modules(model):
 
-        def normalize(scores, original=attention.normalize, key=(attention_type, layer)):
-            probabilities = original(scores)
-            visible = torch.isfinite(scores).sum(-1).flatten()
+        def record(module, inputs, probabilities, key=(attention_type, layer)):
+            visible = torch.isfinite(inputs[0]).sum(-1).flatten()
             kept = (probabilities > 0).sum(-1).flatten()
             rows.setdefault(key, []).append(torch.stack([visible, kept], dim=-1))
-            return probabilities
 
-        originals.append((attention, attention.__dict__.get("normalize")))
-        attention.normalize = normalize
+        hooks.append(attention.normalizer.register_forward_hook(record))
     try:
         task.load_dataset(split)
         batches = task.get_batch_iterator(
@@ -98,10 +95,8 @@ def attention_rows(model, task, beam=None, split="test"):
                     task.inference_step(generator, [model], sample)
         assert sentences == len(task.dataset(split))
     finally:
-        for attention, original in originals:
-            del attention.normalize
-            if original is not None:
-                attention.normalize = original
+        for hook in hooks:
+            hook.remove()
     return {key: torch.cat(value) for key, value in rows.items()}
 
 
@@ -213,7 +208,7 @@ def test_each_per_type_normalizer_option_sets_only_its_type(tiny_data, chosen):
     learned = sorted(name for name, _ in model.named_parameters() if name.endswith("alpha_logit"))
     if "cross" in chosen and chosen["cross"] == "alpha_entmax":
         assert learned == [
-            "decoder.layers.0.encoder_attn.alpha_logit",
+            "decoder.layers.0.encoder_attn.normalizer.alpha_logit",
             "decoder.layers.1.encoder_attn.normalizer.alpha_logit",
         ]
     else:
