@@ -1,6 +1,6 @@
 """A drop-in for the entmax package (github deep-spin/entmax): `from fairseq_entmax import entmax`
 in place of `import entmax`, with the package's names, signatures and semantics, computed by this
-project's normalizers (docs/entmax_dropin.md).
+project's normalizers (docs/normalizers.md, "Replacing the entmax package").
 
 What differs: thresholds are found to the dtype's precision (the partial-sort hint `k`, `n_iter`
 and `ensure_sum_one` are accepted and change nothing); -inf scores, rows of -inf only, half
