@@ -336,6 +336,7 @@ def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch)
                 "path": str(p),
                 "density": [{"attention": "cross", "fraction": count / 10}],
                 "alpha": [],
+                "js": [],
             }
             for p in paths
         ]
