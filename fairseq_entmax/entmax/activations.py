@@ -98,8 +98,8 @@ def _entmax_threshold_and_support(X, dim=-1, k=None):
     return tau, _support_size(p, dim)
 
 
-class Sparsemax(nn.Module):
-    """sparsemax along dim (see sparsemax).
+class _Map(nn.Module):
+    """A map along dim as a module, with the package's arguments.
 
     Args:
         dim: the dim to normalize along.
@@ -114,23 +114,16 @@ class Sparsemax(nn.Module):
         self.return_support_size = return_support_size
 
     def forward(self, X):
-        return sparsemax(X, dim=self.dim, k=self.k, return_support_size=self.return_support_size)
+        return self.map(X, dim=self.dim, k=self.k, return_support_size=self.return_support_size)
 
 
-class Entmax15(nn.Module):
-    """1.5-entmax along dim (see entmax15).
+class Sparsemax(_Map):
+    """sparsemax along dim (see sparsemax)."""
 
-    Args:
-        dim: the dim to normalize along.
-        k: accepted for compatibility; the result is the same for every k.
-        return_support_size: also return the number of nonzeros of each row.
-    """
+    map = staticmethod(sparsemax)
 
-    def __init__(self, dim=-1, k=None, return_support_size=False):
-        super().__init__()
-        self.dim = dim
-        self.k = k
-        self.return_support_size = return_support_size
 
-    def forward(self, X):
-        return entmax15(X, dim=self.dim, k=self.k, return_support_size=self.return_support_size)
+class Entmax15(_Map):
+    """1.5-entmax along dim (see entmax15)."""
+
+    map = staticmethod(entmax15)

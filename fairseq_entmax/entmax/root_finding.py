@@ -18,6 +18,7 @@ from torch import nn
 from fairseq_entmax.normalizers import alpha_entmax, sparsemax
 from fairseq_entmax.normalizers._common import (
     NEWTON_TOLERANCE,
+    as_row_values,
     check_scores,
     check_values,
     compute_dtype,
@@ -49,12 +50,6 @@ def _per_row(value, X, dim, name, what):
             f"with dim={dim} (it must expand to X's shape with 1 along dim)"
         )
     return full.to(X.device)
-
-
-def _rows(per_row, X, dim, dtype):
-    """A per-row tensor (from _per_row) as a (rows, 1) tensor matching as_rows(X, dim)."""
-    moved = X.movedim(dim, -1).shape
-    return per_row.movedim(dim, -1).expand(*moved[:-1], 1).reshape(-1, 1).to(dtype)
 
 
 def _check_positive(alpha, name, what, lower=0.0):
@@ -151,7 +146,7 @@ class _EntmaxBelowOneFunction(torch.autograd.Function):
         if X.numel() == 0:
             out = X.clone()
         else:
-            b = 1.0 - _rows(alpha, X, dim, compute_dtype(X.dtype))
+            b = 1.0 - as_row_values(alpha, X, dim, compute_dtype(X.dtype))
             out = map_rows(X, dim, _below_one_rows, row_params=(b,), num_scratch=3)
         ctx.save_for_backward(out, alpha)
         return out
@@ -162,7 +157,7 @@ class _EntmaxBelowOneFunction(torch.autograd.Function):
         need_alpha_grad = ctx.needs_input_grad[1]
         if out.numel() == 0:
             return torch.zeros_like(out), torch.zeros_like(alpha) if need_alpha_grad else None, None
-        b = 1.0 - _rows(alpha, out, ctx.dim, compute_dtype(out.dtype))
+        b = 1.0 - as_row_values(alpha, out, ctx.dim, compute_dtype(out.dtype))
 
         def kernel(p, g, grad_out, b_block, log_p, s, pa):
             return _below_one_rows_backward(p, g, grad_out, b_block, need_alpha_grad, log_p, s, pa)
@@ -356,7 +351,7 @@ class _BudgetBisectFunction(torch.autograd.Function):
     def forward(ctx, X, budget, dim):
         """budget: a per-row tensor (from _per_row)."""
         ctx.dim = dim
-        p = map_rows(X, dim, _budget_rows, row_params=(_rows(budget, X, dim, compute_dtype(X.dtype)),))
+        p = map_rows(X, dim, _budget_rows, row_params=(as_row_values(budget, X, dim, compute_dtype(X.dtype)),))
         ctx.save_for_backward(p)
         return p
 

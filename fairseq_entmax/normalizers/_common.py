@@ -115,6 +115,23 @@ def from_rows(rows, moved_shape, dim):
     return rows.view(moved_shape).movedim(-1, dim)
 
 
+def as_row_values(per_row, tensor, dim, dtype):
+    """Values given per row of `tensor` along `dim` (a tensor of tensor.dim() dims with size 1
+    along dim, broadcastable to it), as the (rows, 1) column that matches as_rows(tensor, dim).
+
+    Args:
+        per_row: the values, e.g. one alpha per head.
+        tensor: the tensor whose rows they belong to.
+        dim: the dim the rows run along.
+        dtype: the dtype of the result.
+
+    Returns:
+        A (rows, 1) tensor.
+    """
+    moved_shape = tensor.movedim(dim, -1).shape
+    return per_row.movedim(dim, -1).expand(*moved_shape[:-1], 1).reshape(-1, 1).to(dtype)
+
+
 def row_blocks(num_rows, d, device, block_scale=1):
     """(start, stop) of consecutive blocks of rows of about block_scale * BLOCK_ELEMENTS
     elements on CPU, GPU_BLOCK_ELEMENTS on a GPU; a single block under torch.compile,

@@ -12,6 +12,7 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     NEWTON_TOLERANCE,
+    as_row_values,
     check_scores,
     check_values,
     compute_dtype,
@@ -250,7 +251,7 @@ class AlphaEntmaxFunction(torch.autograd.Function):
         if scores.numel() == 0:
             out = scores.clone()
         else:
-            am1 = _rows_of_alpha(alpha, scores, dim, compute_dtype(scores.dtype)) - 1.0
+            am1 = as_row_values(alpha, scores, dim, compute_dtype(scores.dtype)) - 1.0
             kernel = functools.partial(alpha_entmax_rows, at_most_two=at_most_two)
             out = map_rows(scores, dim, kernel, row_params=(am1,), num_scratch=3)
         ctx.save_for_backward(out, alpha)
@@ -262,7 +263,7 @@ class AlphaEntmaxFunction(torch.autograd.Function):
         need_alpha_grad = ctx.needs_input_grad[1]
         if out.numel() == 0:
             return torch.zeros_like(out), torch.zeros_like(alpha) if need_alpha_grad else None, None, None
-        am1 = _rows_of_alpha(alpha, out, ctx.dim, compute_dtype(out.dtype)) - 1.0
+        am1 = as_row_values(alpha, out, ctx.dim, compute_dtype(out.dtype)) - 1.0
 
         def kernel(p, g, grad_out, am1_block, log_p, s, product):
             return alpha_entmax_rows_backward(p, g, grad_out, am1_block, need_alpha_grad, log_p, s, product)
@@ -274,13 +275,6 @@ class AlphaEntmaxFunction(torch.autograd.Function):
             return result, None, None, None
         grad_scores, grad_alpha = result
         return grad_scores, grad_alpha.sum_to_size(alpha.shape).to(alpha.dtype), None, None
-
-
-def _rows_of_alpha(alpha, scores, dim, dtype):
-    """alpha as a (rows, 1) tensor matching the rows of as_rows(scores, dim)."""
-    moved_shape = scores.movedim(dim, -1).shape
-    per_row = alpha.movedim(dim, -1).expand(*moved_shape[:-1], 1)
-    return per_row.reshape(-1, 1).to(dtype)
 
 
 def _check_alpha(alpha, scores, dim, max_alpha):
