@@ -69,7 +69,7 @@ def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
 
 
 def variant_args(variant, topk):
-    """The fairseq-train options (contract 2 of the project) that select one attention variant.
+    """The fairseq-train options that select one attention variant.
 
     Args:
         variant: one of VARIANTS.
