@@ -12,11 +12,7 @@ INSTALL_HINT = (
 )
 
 
-def fairseq_available():
-    return importlib.util.find_spec("fairseq") is not None
-
-
 def require_fairseq():
     """Raise an ImportError that says how to install fairseq when it is missing."""
-    if not fairseq_available():
+    if importlib.util.find_spec("fairseq") is None:
         raise ImportError(INSTALL_HINT)
