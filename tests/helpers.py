@@ -10,6 +10,7 @@ them from conftest.
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,66 +19,50 @@ from fairseq_entmax import USER_DIR  # the tests import it from here too
 
 BIN_DIR = Path(sys.executable).parent
 
+
+def arguments(command_line):
+    """A command line written as the shell reads it, as a list of arguments.
+
+    Args:
+        command_line: options and values, on as many lines as reads well; quoted as in a shell.
+
+    Returns:
+        The arguments, a list of str (shlex.split).
+    """
+    return shlex.split(command_line)
+
+
 # The tiny models of the tests (conftest's trained_model, and the tests that train their own).
 # 2+2 layers, width 32, 4 heads, 200 updates (conftest's TINY_MAX_UPDATE) of ~200 tokens: trains
 # in seconds and learns the tiny corpus (unigram precision of beam search ~40-80%, BLEU ~5-30 by
 # normalizer), so its attention has structure. Small batches learn more per second here than
 # large ones.
-TINY_MODEL_ARGS = [
-    "--arch",
-    "adaptively_sparse_transformer",
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "32",
-    "--encoder-ffn-embed-dim",
-    "64",
-    "--decoder-ffn-embed-dim",
-    "64",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-    "--share-all-embeddings",
-    "--dropout",
-    "0",
-]
+TINY_MODEL_ARGS = arguments(
+    """
+    --arch adaptively_sparse_transformer
+    --encoder-layers 2 --decoder-layers 2
+    --encoder-embed-dim 32 --decoder-embed-dim 32
+    --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64
+    --encoder-attention-heads 4 --decoder-attention-heads 4
+    --share-all-embeddings --dropout 0
+    """
+)
 # How every tiny model is optimised (test_evaluation_batches trains a plain transformer
 # with these too, in its own batches).
-OPTIMIZATION_ARGS = [
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9, 0.98)",
-    "--lr",
-    "0.005",
-    "--lr-scheduler",
-    "fixed",
-    "--criterion",
-    "label_smoothed_cross_entropy",
-    "--cpu",
-    "--seed",
-    "1",
-]
-TRAINING_ARGS = [
-    *OPTIMIZATION_ARGS,
-    "--max-tokens",
-    "200",
-    "--log-format",
-    "json",
-    "--log-interval",
-    "10",
-    "--no-progress-bar",
-    "--no-epoch-checkpoints",
-    "--validate-interval",
-    "1000",
-    "--save-interval",
-    "1000",
-]
+OPTIMIZATION_ARGS = arguments(
+    """
+    --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.005 --lr-scheduler fixed
+    --criterion label_smoothed_cross_entropy --cpu --seed 1
+    """
+)
+# The languages of write_tiny_corpus, for the commands that need them named.
+TINY_LANGUAGES = arguments("--source-lang src --target-lang tgt")
+TRAINING_ARGS = OPTIMIZATION_ARGS + arguments(
+    """
+    --max-tokens 200 --log-format json --log-interval 10 --no-progress-bar
+    --no-epoch-checkpoints --validate-interval 1000 --save-interval 1000
+    """
+)
 
 
 def fairseq_command(name):
@@ -167,6 +152,46 @@ def run_on_checkpoint(command, data_bin, checkpoint, *arguments, **run_options):
     """
     return run(
         [fairseq_command(command), data_bin, "--user-dir", USER_DIR, "--path", checkpoint, *arguments],
+        **run_options,
+    )
+
+
+def run_analyze(data_bin, output_dir, *arguments, **run_options):
+    """fairseq-entmax-analyze on the CPU, as a user types it.
+
+    Args:
+        data_bin: the binarized corpus.
+        output_dir: its --output-dir.
+        *arguments: the models (--path, --name, --train-log, ...) and the other options.
+        **run_options: passed to run.
+
+    Returns:
+        The finished process (subprocess.CompletedProcess), as run returns it.
+    """
+    command = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", USER_DIR, "--cpu"]
+    return run([*command, *arguments, "--output-dir", output_dir], **run_options)
+
+
+def run_interactive(data_bin, checkpoint, sources, *arguments, **run_options):
+    """fairseq-interactive on a tiny corpus' model, the source sentences typed one per line.
+
+    Args:
+        data_bin: the binarized corpus (its dictionaries; languages "src" and "tgt").
+        checkpoint: the model's checkpoint.
+        sources: the sentences to translate.
+        *arguments: the command's other arguments (--beam, --cpu, ...).
+        **run_options: passed to run.
+
+    Returns:
+        The finished process (subprocess.CompletedProcess), as run returns it.
+    """
+    return run_on_checkpoint(
+        "fairseq-interactive",
+        data_bin,
+        checkpoint,
+        *arguments,
+        *TINY_LANGUAGES,
+        input="\n".join(sources) + "\n",
         **run_options,
     )
 

@@ -18,7 +18,7 @@ from fairseq_entmax.analysis.runner import load_checkpoint
 from fairseq_entmax.analysis.training_log import read_log_file
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import alpha_entmax
-from helpers import BIN_DIR, USER_DIR, fairseq_command, run
+from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = pytest.mark.slow
@@ -185,42 +185,17 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
     alpha_log = tmp_path / "alpha_train.log"
     alpha_log.write_text(alpha_model.train_log)
     output_dir = tmp_path / "analysis"
-    proc = run(
-        [
-            BIN_DIR / "fairseq-entmax-analyze",
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--cpu",
-            "--path",
-            plain_transformer,
-            "--path",
-            alpha_model.checkpoint,
-            "--path",
-            topk_model.checkpoint,
-            "--name",
-            "softmax",
-            "--name",
-            "alpha",
-            "--name",
-            "topk",
-            "--train-log",
-            "auto",
-            "--train-log",
-            alpha_log,
-            "--train-log",
-            "auto",
-            "--subset",
-            "valid",
-            "--num-sentences",
-            "24",
-            "--max-tokens",
-            "100",
-            "--sentence-id",
-            "3",
-            "--output-dir",
-            output_dir,
-        ]
+    proc = run_analyze(
+        tiny_data.data_bin,
+        output_dir,
+        *arguments(
+            f"""
+            --path {plain_transformer} --name softmax --train-log auto
+            --path {alpha_model.checkpoint} --name alpha --train-log {alpha_log}
+            --path {topk_model.checkpoint} --name topk --train-log auto
+            --subset valid --num-sentences 24 --max-tokens 100 --sentence-id 3
+            """
+        ),
     )
     # progress: fairseq-style log lines "analysing alpha:   3 / 6 sentences=12"
     assert re.search(r"analysing alpha:\s+\d+ / \d+ sentences=\d+", proc.stdout + proc.stderr)
@@ -431,10 +406,10 @@ def test_every_input_is_checked_before_the_first_model_is_analysed(trained_model
         (["--path", good, "--subset", "nosuch"], "has no subset 'nosuch'"),
         (["--path", good, "--name", "x y", "--path", good, "--name", "x_y"], "same figure file names"),
     ]
-    for arguments, message in cases:
-        assert main([str(tiny_data.data_bin), *arguments, "--output-dir", str(tmp_path / "out")]) == 2
+    for bad_arguments, message in cases:
+        assert main([str(tiny_data.data_bin), *bad_arguments, "--output-dir", str(tmp_path / "out")]) == 2
         out, err = capsys.readouterr()
-        assert message in err and "analysing" not in out, arguments
+        assert message in err and "analysing" not in out, bad_arguments
     assert main([str(raw_text), "--path", good, "--output-dir", str(tmp_path / "out")]) == 2
     assert "is not a fairseq data-bin" in capsys.readouterr().err
     assert not (tmp_path / "out" / "analysis.json").exists()

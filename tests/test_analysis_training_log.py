@@ -20,7 +20,7 @@ from fairseq_entmax.analysis.training_log import (
     read_validation_curve,
     variant_name,
 )
-from helpers import BIN_DIR, USER_DIR, fairseq_command, run
+from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
 # fairseq_cli.train's console format, and what its --log-file gets (the bare message)
 CONSOLE_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -349,38 +349,17 @@ def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_variant(
     alpha_log = tmp_path / "alpha_train.log"
     alpha_log.write_text(alpha.train_log)
     output_dir = tmp_path / "analysis"
-    proc = run(
-        [
-            BIN_DIR / "fairseq-entmax-analyze",
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--cpu",
-            "--path",
-            checkpoint,
-            "--name",
-            "softmax-seed1",
-            "--train-log",
-            "auto",
-            "--path",
-            checkpoint,
-            "--name",
-            "softmax_seed2",
-            "--train-log",
-            validated_run / "train.log",
-            "--path",
-            alpha.checkpoint,
-            "--name",
-            "alpha",
-            "--train-log",
-            alpha_log,
-            "--gen-subset",
-            "test",
-            "--num-sentences",
-            "8",
-            "--output-dir",
-            output_dir,
-        ]
+    proc = run_analyze(
+        tiny_data.data_bin,
+        output_dir,
+        *arguments(
+            f"""
+            --path {checkpoint} --name softmax-seed1 --train-log auto
+            --path {checkpoint} --name softmax_seed2 --train-log {validated_run / "train.log"}
+            --path {alpha.checkpoint} --name alpha --train-log {alpha_log}
+            --gen-subset test --num-sentences 8
+            """
+        ),
     )
     assert "learning curves: softmax (2 runs), alpha (1 run)" in proc.stdout + proc.stderr
 

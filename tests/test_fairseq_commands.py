@@ -17,7 +17,7 @@ from fairseq import checkpoint_utils
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES
-from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
+from helpers import USER_DIR, arguments, fairseq_command, read_hypotheses, run, run_interactive, run_on_model
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = pytest.mark.slow
@@ -194,21 +194,27 @@ def test_alphas_next_to_one_train(tiny_data, tmp_path):
         assert float(records[0][f"alpha_{attention_type}_max"]) == pytest.approx(1.0, abs=1e-4)
 
 
+def test_ema_keeps_its_own_learned_alphas(tiny_data, tmp_path):
+    """fairseq's --store-ema trains a deep copy of the model beside it: the copy's normalizers
+    hold learned alphas of their own, saved with the checkpoint, an average that lags the
+    model's."""
+    run(
+        train_command(
+            tiny_data, tmp_path, *arguments("--max-update 30 --store-ema --ema-decay 0.9 --ema-start-update 1")
+        )
+    )
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    model, ema = state["model"], state["extra_state"]["ema"]
+    alpha_keys = sorted(key for key in model if key.endswith(".normalizer.alpha_logit"))
+    assert len(alpha_keys) == 6 and alpha_keys == sorted(key for key in ema if key.endswith(".alpha_logit"))
+    assert all(torch.isfinite(ema[key]).all() for key in alpha_keys)
+    assert any(not torch.equal(ema[key], model[key]) for key in alpha_keys), "the average is the model itself"
+
+
 def test_interactive_translates_typed_sentences(trained_model, tiny_data):
     model = trained_model("alpha_entmax")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:3]
-    proc = run_on_model(
-        "fairseq-interactive",
-        model,
-        "--beam",
-        "4",
-        "--cpu",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        input="\n".join(sources) + "\n",
-    )
+    proc = run_interactive(model.data_bin, model.checkpoint, sources, *arguments("--beam 4 --cpu"))
     hypotheses = [text for _, text in read_hypotheses(proc.stdout).values()]
     assert len(hypotheses) == 3
     for hypothesis in hypotheses:

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model
+from helpers import USER_DIR, arguments, fairseq_command, read_hypotheses, run, run_interactive, run_on_model
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = pytest.mark.slow
@@ -72,19 +72,8 @@ def test_interactive_and_hub_translate_as_generate_does(trained_model, sources, 
     assert generate_sources == dict(enumerate(sources))
 
     interactive = read_hypotheses(
-        run_on_model(
-            "fairseq-interactive",
-            model,
-            "--cpu",
-            "--beam",
-            str(BEAM),
-            "--max-len-b",
-            str(MAX_LEN_B),
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            input="\n".join(sources) + "\n",
+        run_interactive(
+            model.data_bin, model.checkpoint, sources, *arguments(f"--cpu --beam {BEAM} --max-len-b {MAX_LEN_B}")
         ).stdout
     )
     assert sorted(interactive) == list(range(N_TEST))

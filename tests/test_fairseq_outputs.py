@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint, train_tiny
+from helpers import USER_DIR, arguments, fairseq_command, run, run_interactive, train_tiny
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = pytest.mark.slow
@@ -196,20 +196,11 @@ def test_score_reference_with_sparse_outputs(trained, tiny_data):
 def test_interactive_with_sparse_outputs(trained, tiny_data):
     save_dir, _ = trained("entmax15_output_learned_alpha_attention")
     sources = (tiny_data.raw_dir / "test.src").read_text().splitlines()[:4]
-    output = run_on_checkpoint(
-        "fairseq-interactive",
+    output = run_interactive(
         tiny_data.data_bin,
         save_dir / "checkpoint_last.pt",
-        "--beam",
-        str(BEAM),
-        "--nbest",
-        str(NBEST),
-        "--cpu",
-        "--source-lang",
-        "src",
-        "--target-lang",
-        "tgt",
-        input="\n".join(sources) + "\n",
+        sources,
+        *arguments(f"--beam {BEAM} --nbest {NBEST} --cpu"),
     ).stdout
     found = hypotheses_by_sentence(output)
     assert sorted(found) == list(range(len(sources))), output[-3000:]

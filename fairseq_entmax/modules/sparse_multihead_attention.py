@@ -114,7 +114,13 @@ class SparseMultiheadAttention(MultiheadAttention):
                 ", ".join(f"{alpha:.7g}" for alpha in self.normalizer.learned_alpha().tolist()),
             )
             return
-        version = int(state_dict[key].reshape(-1)[0]) if key in state_dict else 1
+        if key in state_dict:
+            version = int(state_dict[key].reshape(-1)[0])
+        elif stored[0] in state_dict:
+            version = 1  # written before the version key existed
+        else:
+            # The current layout without the key: fairseq's EMA restores parameters alone.
+            version = STATE_VERSION
         if version > STATE_VERSION:
             raise ValueError(
                 f"{key} is {version}: the checkpoint was saved by a newer fairseq-entmax, which "
