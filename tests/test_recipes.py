@@ -3,6 +3,7 @@ the real text in ../shared/data, skipping finished stages on a rerun; the settin
 the docs and the dry run; bad input stopped before any long work; checkpoint averaging against an
 independent computation; the IWSLT14 recipe's choice among averages of epoch checkpoints."""
 
+import dataclasses
 import json
 import re
 import sys
@@ -17,6 +18,7 @@ from examples.pipeline import (
     corpus,
     dataset,
     evaluation,
+    markers,
     tables,
     tokenization,
     tools,
@@ -123,6 +125,21 @@ def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{tmp_path}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_model_trained_before_a_setting_existed_is_that_settings_default(tmp_path):
+    """A finished model whose marker predates a TrainSettings field is reused when the run asks
+    for that field's default (the command it was trained with), and refused otherwise."""
+    settings = training.TrainSettings(arch="adaptively_sparse_transformer", max_update=100)
+    recorded = {"variant": "softmax", "seed": 1, **dataclasses.asdict(settings)}
+    del recorded["share_all_embeddings"], recorded["max_epoch"]
+    save_dir = tmp_path / "softmax-seed1"
+    markers.mark_done(save_dir / "train.started", settings=recorded)
+    markers.mark_done(save_dir / "train.done", {"seconds": 12.0})
+    assert training.train("data-bin", save_dir, "softmax", settings) == 12.0
+    unshared = dataclasses.replace(settings, share_all_embeddings=False)
+    with pytest.raises(tools.PipelineError, match="share_all_embeddings: True then, False now"):
+        training.train("data-bin", save_dir, "softmax", unshared)
 
 
 def _write_corpus(directory, lines=None, skip=()):
@@ -430,7 +447,9 @@ def test_dry_run_trains_with_the_settings_of_the_table(tmp_path, task, interval)
     generate = [line for line in lines if line.split()[0].endswith("fairseq-generate")]
     assert len(generate) == 3 and all("checkpoint_best.pt" in c for c in generate)
     assert all(_option(c, "--beam") == "5" and float(_option(c, "--lenpen")) == 0.0 for c in generate)
-    assert sum(line.split()[0].endswith("fairseq-preprocess") for line in lines) == 1
+    [preprocess] = [line for line in lines if line.split()[0].endswith("fairseq-preprocess")]
+    # Joint BPE, one dictionary, one embedding matrix.
+    assert "--joined-dictionary" in preprocess and all("--share-all-embeddings" in c for c in train)
     analysis = [line for line in lines if line.split()[0].endswith("fairseq-entmax-analyze")]
     assert len(analysis) == 1 and _option(analysis[0], "--subset") == "valid" and "--num-sentences" not in analysis[0]
     # Nothing was run or written.
@@ -579,6 +598,8 @@ def test_iwslt14_dry_run_trains_and_selects_as_the_authors_script(tmp_path):
         assert int(_option(command, "--max-epoch")) == 90 and int(_option(command, "--max-update")) == 0
         assert int(_option(command, "--keep-last-epochs")) == 50 and "--save-interval-updates" not in command
         assert "--fp16" in command
+        # Separate source, target and output embeddings, as the script trains.
+        assert "--share-all-embeddings" not in command and "--share-decoder-input-output-embed" not in command
         if _option(command, "--attention-normalizer") == "topk":
             assert _option(command, "--topk") == "8"
     generate = _commands(output, "fairseq-generate")
@@ -596,6 +617,9 @@ def test_iwslt14_dry_run_trains_and_selects_as_the_authors_script(tmp_path):
     [learn] = [line for line in output.splitlines() if "learn-bpe" in line]
     assert _option(learn, "--symbols") == "10000"
     assert "# tokenize:" not in output and "drop training pairs" not in output
+    # Binarised with a dictionary per language, as fairseq's IWSLT14 example.
+    [preprocess] = _commands(output, "fairseq-preprocess")
+    assert "--joined-dictionary" not in preprocess
     assert "dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz" in output
     assert not (tmp_path / "work").exists()
     baselines = _dry_run("iwslt14", "--models", "sparsemax", "entmax15", "--seed", "2", "--work-dir", tmp_path / "w")
@@ -725,6 +749,13 @@ def test_iwslt14_smoke_runs_every_stage_and_selects_an_average(tmp_path):
     expected = [line.lower() for line in tokenization.scoring_tokenize([r.replace("’", "'") for r in references], "en")]
     assert corpus.read_lines(work / "raw" / "test.en") == expected
     assert len(corpus.read_lines(work / "eval" / "topk-seed1-selected" / "test.hyp")) == 30
+    # A dictionary per language, and the model's three embedding matrices apart.
+    de, en = ((work / "data-bin" / f"dict.{lang}.txt").read_text(encoding="utf-8") for lang in ("de", "en"))
+    assert de != en
+    state = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
+    embeddings = [state[f"{side}.embed_tokens.weight"] for side in ("encoder", "decoder")]
+    embeddings.append(state["decoder.output_projection.weight"])
+    assert len({t.data_ptr() for t in embeddings}) == 3
     train_lines = corpus.read_lines(work / "raw" / "train.en")
     valid_lines = corpus.read_lines(work / "raw" / "valid.en")
     # Every 23rd of the cleaned pairs is a validation pair.

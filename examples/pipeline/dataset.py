@@ -11,7 +11,7 @@ from .tokenization import CHARACTER_SEGMENTED_LANGS, tokenize_file
 from .tools import log, run_logged, tool
 
 
-def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
+def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1, joined_dictionary=True):
     """Binarise a segmented corpus with fairseq-preprocess, into an emptied folder.
 
     Args:
@@ -21,15 +21,16 @@ def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1):
         dest_dir: the data-bin to write (emptied first).
         log_path: fairseq-preprocess's log, appended to.
         workers: fairseq-preprocess's processes.
+        joined_dictionary: one dictionary for both languages (False: one per language).
     """
     # fairseq-preprocess refuses a destination that holds a dictionary already, which an
     # interrupted run leaves behind: start from an empty folder.
     shutil.rmtree(dest_dir, ignore_errors=True)
-    run_logged(preprocess_command(text_dir, src, tgt, dest_dir, workers), log_path)
+    run_logged(preprocess_command(text_dir, src, tgt, dest_dir, workers, joined_dictionary), log_path)
 
 
-def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
-    """The fairseq-preprocess command, with a joined dictionary for joint BPE.
+def preprocess_command(text_dir, src, tgt, dest_dir, workers=1, joined_dictionary=True):
+    """The fairseq-preprocess command.
 
     Args:
         text_dir: the folder of {train,valid,test}.{SRC,TGT}.
@@ -37,6 +38,8 @@ def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
         tgt: the target language suffix.
         dest_dir: the data-bin to write.
         workers: fairseq-preprocess's processes.
+        joined_dictionary: one dictionary for both languages, which joint BPE allows and
+            --share-all-embeddings needs (False: one per language).
 
     Returns:
         The command, a list of str.
@@ -57,14 +60,16 @@ def preprocess_command(text_dir, src, tgt, dest_dir, workers=1):
             Path(text_dir) / "test",
             "--destdir",
             dest_dir,
-            "--joined-dictionary",
+            *(["--joined-dictionary"] if joined_dictionary else []),
             "--workers",
             workers,
         ]
     ]
 
 
-def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1):
+def build_dataset(
+    raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1, joined_dictionary=True
+):
     """raw text -> [Moses tokenisation] -> joint BPE [+ cleaning of training pairs] ->
     fairseq-preprocess, each step skipped when done with the same settings.
 
@@ -77,6 +82,7 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
         tokenize: whether to Moses-tokenise first (False: the raw text is tokenised already).
         clean: (max_len, max_ratio) for clean_training_pair, or None: no cleaning.
         workers: processes for each tool.
+        joined_dictionary: binarise with one dictionary for both languages (False: one each).
 
     Returns:
         (tokenised text folder, data-bin folder): the first is raw_dir when `tokenize` is False.
@@ -126,8 +132,13 @@ def build_dataset(raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250
             info = {"kept": kept, "dropped": dropped}
         mark_done(bpe_dir / "bpe.done", info, settings=bpe_settings)
     data_bin = work / "data-bin"
-    if not done_with(data_bin / "preprocess.done", bpe_settings, "the binarized data"):
-        log("binarize: fairseq-preprocess")
-        binarize(bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers)
-        mark_done(data_bin / "preprocess.done", settings=bpe_settings)
+    binarized_settings = {**bpe_settings, "joined_dictionary": joined_dictionary}
+    if not done_with(
+        data_bin / "preprocess.done", binarized_settings, "the binarized data", defaults={"joined_dictionary": True}
+    ):
+        log("binarize: fairseq-preprocess" + ("" if joined_dictionary else ", a dictionary per language"))
+        binarize(
+            bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers, joined_dictionary=joined_dictionary
+        )
+        mark_done(data_bin / "preprocess.done", settings=binarized_settings)
     return text_dir, data_bin

@@ -65,13 +65,16 @@ def done_with_same_settings(marker, settings):
     return is_done(marker) and read_done(marker).get("settings") == _as_recorded(settings)
 
 
-def done_with(marker, settings, what):
+def done_with(marker, settings, what, defaults=None):
     """Whether a stage is done, refusing outputs made with other settings.
 
     Args:
         marker: the stage's `<stage>.done` file.
         settings: the settings this run asks for (a JSON-able dict).
         what: what the stage made, for the message (e.g. "the BPE codes").
+        defaults: the value of each setting before it existed: a marker written before a
+            setting was added lacks it, and stands for that value (a setting is added with
+            the default that keeps the earlier behaviour).
 
     Returns:
         True when the marker exists (with these settings, or with none recorded).
@@ -84,6 +87,8 @@ def done_with(marker, settings, what):
         return False
     recorded = read_done(marker).get("settings")
     settings = _as_recorded(settings)
+    if recorded is not None and defaults:
+        recorded = {**_as_recorded({k: v for k, v in defaults.items() if k in settings}), **recorded}
     if recorded is not None and recorded != settings:
         changed = "; ".join(
             f"{key}: {recorded.get(key)!r} then, {settings.get(key)!r} now"

@@ -5,7 +5,7 @@ import re
 import shutil
 import time
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from .markers import done_with, is_done, mark_done, read_done
@@ -20,10 +20,13 @@ MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
 @dataclass
 class TrainSettings:
     """fairseq-train settings shared by the attention variants of one experiment. Every field
-    becomes fairseq-train options in `train_command`, the one place that spells them."""
+    becomes fairseq-train options in `train_command`, the one place that spells them. A field
+    added later takes the default that keeps the earlier command: a model trained before it
+    existed is that default's (`train` reads its marker so)."""
 
     arch: str
-    max_update: int  # a cap: with a patience, training may stop before it
+    max_update: int  # a cap: with a patience, training may stop before it; 0: none
+    max_epoch: int = 0  # a cap in epochs; 0: none
     max_tokens: int = 4096  # per device and batch; times update_freq and devices per update
     update_freq: int = 1
     lr: float = 5e-4  # the peak, reached at the end of the linear warm-up
@@ -44,8 +47,13 @@ class TrainSettings:
     patience: int = 0  # > 0: stop after this many validations without a new best
     best_metric: str = "loss"  # what checkpoint_best.pt and the patience follow: loss or accuracy
     log_interval: int = 100
+    share_all_embeddings: bool = True  # one matrix for source, target and output (a joined dictionary)
     model_args: list = field(default_factory=list)  # size overrides of the architecture
     extra_args: list = field(default_factory=list)
+
+
+# What a marker written before a TrainSettings field existed stands for (markers.done_with).
+TRAIN_SETTINGS_DEFAULTS = {f.name: f.default for f in fields(TrainSettings) if f.default is not MISSING}
 
 
 def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
@@ -93,7 +101,14 @@ def variant_args(variant, topk):
     raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
-def _progress_line(label, max_update):
+def training_length(settings):
+    """What ends a training, in words: "2500 updates", "90 epochs", "90 epochs or 2500 updates"."""
+    caps = [f"{settings.max_epoch} epochs"] * bool(settings.max_epoch)
+    caps += [f"{settings.max_update} updates"] * bool(settings.max_update or not settings.max_epoch)
+    return " or ".join(caps)
+
+
+def _progress_line(label, settings):
     """Turn fairseq's log lines into one short progress line per log interval / epoch."""
     # Imported here: importing fairseq_entmax imports fairseq (seconds), which the stages
     # that train nothing do not need.
@@ -113,9 +128,9 @@ def _progress_line(label, max_update):
         parts = [f"{label}", kind]
         epoch = re.search(r"epoch (\d+)", line)
         if epoch:
-            parts.append(f"epoch {int(epoch.group(1))}")
+            parts.append(f"epoch {int(epoch.group(1))}" + (f"/{settings.max_epoch}" if settings.max_epoch else ""))
         if "num_updates" in fields:
-            parts.append(f"update {fields['num_updates']}/{max_update}")
+            parts.append(f"update {fields['num_updates']}" + (f"/{settings.max_update}" if settings.max_update else ""))
         if "loss" in fields:
             parts.append(f"loss {float(fields['loss']):.3f}")
         alphas = [
@@ -173,7 +188,7 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         s.arch,
         *variant_args(variant, s.topk),
         *s.model_args,
-        "--share-all-embeddings",
+        *(["--share-all-embeddings"] if s.share_all_embeddings else []),
         "--dropout",
         s.dropout,
         "--attention-dropout",
@@ -210,6 +225,7 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         s.update_freq,
         "--max-update",
         s.max_update,
+        *(["--max-epoch", s.max_epoch] if s.max_epoch else []),
         "--seed",
         seed,
         "--save-dir",
@@ -272,7 +288,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     label = label or variant
     # Recorded when training starts, so that a resumed run is checked too.
     started, run_settings = save_dir / "train.started", {"variant": variant, "seed": seed, **asdict(settings)}
-    done_with(started, run_settings, f"the {variant} model (seed {seed})")
+    done_with(started, run_settings, f"the {variant} model (seed {seed})", defaults=TRAIN_SETTINGS_DEFAULTS)
     if is_done(done):
         seconds = read_done(done)["seconds"]
         log(f"{label}: already trained ({seconds:.0f} s), skipping")
@@ -283,13 +299,13 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     if (save_dir / "checkpoint_last.pt").exists():
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
     else:
-        log(f"{label}: training ({settings.max_update} updates)")
+        log(f"{label}: training ({training_length(settings)})")
     args = train_command(data_bin, save_dir, variant, settings, seed, cpu=use_cpu())
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()
     try:
-        run_logged(args, save_dir / "train.log", show=_progress_line(label, settings.max_update), env=env)
+        run_logged(args, save_dir / "train.log", show=_progress_line(label, settings), env=env)
     finally:
         # Kept across interruptions, so a resumed run reports its total training time.
         time_file.write_text(f"{previous + time.time() - start}\n")

@@ -18,7 +18,7 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
             holding those six files, or in --smoke mode real text from ../shared/data)
   tokenize  Moses tokenisation with sacremoses (not KFTT: its official text is tokenised)
   bpe       joint BPE, 32k merges (subword-nmt); training pairs cleaned as clean-corpus-n.perl
-  binarize  fairseq-preprocess with a joined dictionary
+  binarize  fairseq-preprocess, one joined dictionary (iwslt14: one per language, as the authors)
   train     fairseq-train per attention variant: 8192 tokens per update on any number of GPUs,
             validation accuracy every 5k or 10k updates, stop after 3 without improvement
   evaluate  fairseq-generate (beam 5, no length normalisation) with the best checkpoint;
@@ -356,7 +356,11 @@ def dry_run(args, settings, num_gpus):
             + (f" or of length ratio > {ratio}" if ratio else "")
             + " (bpe.clean_training_pair)"
         )
-    lines.append(shlex.join(preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers)))
+    lines.append(
+        shlex.join(
+            preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers, experiment.joined_dictionary)
+        )
+    )
     checkpoints = {}
     for seed in args.seed:
         for variant in args.models:
@@ -512,7 +516,15 @@ def run(args):
 
     clean = (experiment.clean[0], task.clean_max_ratio) if experiment.clean else None
     text_dir, data_bin = build_dataset(
-        raw_dir, src, tgt, work, bpe_merges, tokenize=layout.tokenize, clean=clean, workers=args.workers
+        raw_dir,
+        src,
+        tgt,
+        work,
+        bpe_merges,
+        tokenize=layout.tokenize,
+        clean=clean,
+        workers=args.workers,
+        joined_dictionary=experiment.joined_dictionary,
     )
 
     # train, select, evaluate

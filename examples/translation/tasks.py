@@ -206,6 +206,11 @@ EST_RECIPE = {
         f"self, decoder self and cross attention ({EST_FAIRSEQ}: --use_att default es ds dc)",
     ),
     "keep_last_epochs": Sourced(50, f"{EST_SCRIPT}: --keep-last-epochs 50"),
+    "share_all_embeddings": Sourced(
+        False,
+        f"{EST_SCRIPT}: no --share-all-embeddings nor --share-decoder-input-output-embed (source, target and "
+        "output embeddings apart)",
+    ),
 }
 EST_EPOCHS = Sourced(90, f"{EST_SCRIPT}: --max-epoch 90 (no --max-update)")
 EST_STOP_MIN_LR = Sourced(
@@ -238,6 +243,11 @@ EST_BLEU = Sourced(
 )
 EST_DATA = {
     "bpe_merges": Sourced(10000, f"{PREPARE_IWSLT14}: BPE_TOKENS=10000, joint BPE learned on train.de + train.en"),
+    "joined_dictionary": Sourced(
+        False,
+        f"{EST_FAIRSEQ}: examples/translation/README.md, fairseq-preprocess of IWSLT14 without --joined-dictionary "
+        "(a dictionary per language)",
+    ),
     "clean": Sourced(IWSLT14_CLEAN, f"{PREPARE_IWSLT14}: clean-corpus-n.perl -ratio 1.5 ... 1 175 before the split"),
     "lowercase": Sourced(True, f"{PREPARE_IWSLT14}: lowercase.perl after Moses tokenisation (tokenizer.perl, no -a)"),
     "valid": Sourced(f"every {IWSLT14_VALID_EVERY}rd cleaned training pair", f"{PREPARE_IWSLT14}: awk NR%23 == 0"),
@@ -254,13 +264,6 @@ EST_SOURCES = {
 }
 
 EST_DEPARTURES = [
-    (
-        "One joined dictionary and `--share-all-embeddings`.",
-        "The script binarises with a dictionary per language (fairseq's IWSLT14 example, no "
-        "`--joined-dictionary`) and shares no embedding; the project's shared stages "
-        "(examples/pipeline/dataset.py, training.py) always join and share. Fewer parameters: the embeddings of "
-        "the two languages are one matrix.",
-    ),
     (
         "Moses tokenisation by sacremoses without HTML escaping (`&apos;` stays `'`).",
         "tokenizer.perl escapes by default; an entity stands for one character inside the same token, so the "
@@ -304,13 +307,14 @@ def est_train_settings(max_tokens, update_freq, cpu=False):
     Returns:
         A TrainSettings.
     """
-    extra = ["--max-epoch", EST_EPOCHS.value, "--stop-min-lr", EST_STOP_MIN_LR.value]
+    extra = ["--stop-min-lr", EST_STOP_MIN_LR.value]
     if EST_FP16.value and not cpu:
         extra.append("--fp16")
     return TrainSettings(
         **{key: s.value for key, s in EST_RECIPE.items()},
-        # fairseq's 0: no update limit; the epochs end the run.
+        # No update limit: the epochs end the run.
         max_update=0,
+        max_epoch=EST_EPOCHS.value,
         max_tokens=max_tokens,
         update_freq=update_freq,
         log_interval=100,
@@ -388,6 +392,7 @@ class Experiment:
     # "best": checkpoint_best.pt; "epoch_averages": averages of the last n epoch checkpoints
     # ending at several epochs, the best on the validation set.
     selection: str
+    joined_dictionary: bool = True  # fairseq-preprocess with one dictionary for both languages
     average: tuple = ()  # (n, end epochs), for "epoch_averages"
     smoke_average: tuple = ()
     training_note: str = ""  # what a full run trains, for the refusal without CUDA
@@ -433,6 +438,7 @@ EST = Experiment(
     beam=EST_DECODING["beam"].value,
     lenpen=EST_DECODING["lenpen"].value,
     selection="epoch_averages",
+    joined_dictionary=EST_DATA["joined_dictionary"].value,
     average=EST_AVERAGE.value,
     # The smoke mode trains 3 epochs: averages of the last 2 ending at epochs 2 and 3.
     smoke_average=(2, (2, 3)),
@@ -730,12 +736,13 @@ SMOKE_TRAIN = TrainSettings(
 SMOKE_EST_TRAIN = TrainSettings(
     **{key: s.value for key, s in EST_RECIPE.items() if key not in ("lr", "warmup_updates", "keep_last_epochs")},
     max_update=0,
+    max_epoch=3,
     max_tokens=2048,
     lr=2e-3,
     warmup_updates=20,
     keep_last_epochs=3,
     log_interval=20,
     model_args=SMOKE_TRAIN.model_args,
-    extra_args=["--max-epoch", 3, "--stop-min-lr", EST_STOP_MIN_LR.value],
+    extra_args=["--stop-min-lr", EST_STOP_MIN_LR.value],
 )
 SMOKE_SETTINGS = {"correia": SMOKE_TRAIN, "est": SMOKE_EST_TRAIN}
