@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,25 @@ def test_a_model_trained_before_a_setting_existed_is_that_settings_default(tmp_p
     unshared = dataclasses.replace(settings, share_all_embeddings=False)
     with pytest.raises(tools.PipelineError, match="share_all_embeddings: True then, False now"):
         training.train("data-bin", save_dir, "softmax", unshared)
+
+
+def test_training_time_is_on_disk_while_the_model_trains(tmp_path, monkeypatch):
+    """A training killed with no chance to clean up (a session's end) still leaves the time it
+    spent, to which its resumed run adds."""
+    save_dir = tmp_path / "softmax-seed1"
+    on_disk = []
+
+    def fake_run_logged(args, log_path, show=None, env=None):
+        time.sleep(0.05)
+        show("epoch 001 | loss 5.1 | num_updates 50")
+        on_disk.append(float((save_dir / "train_seconds.txt").read_text()))
+
+    monkeypatch.setattr(training, "run_logged", fake_run_logged)
+    settings = training.TrainSettings(arch="adaptively_sparse_transformer", max_update=100)
+    save_dir.mkdir()
+    (save_dir / "train_seconds.txt").write_text("30.0\n")  # an earlier, interrupted run
+    seconds = training.train("data-bin", save_dir, "softmax", settings)
+    assert on_disk[0] >= 30.05 and seconds >= on_disk[0]
 
 
 def _write_corpus(directory, lines=None, skip=()):

@@ -304,10 +304,17 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()
+    progress = _progress_line(label, settings)
+
+    def show(line):
+        # Kept at every log line, so that a resumed run reports its total training time even
+        # after a kill that skips the `finally` below (SIGTERM, SIGKILL at a session's end).
+        time_file.write_text(f"{previous + time.time() - start}\n")
+        return progress(line)
+
     try:
-        run_logged(args, save_dir / "train.log", show=_progress_line(label, settings), env=env)
+        run_logged(args, save_dir / "train.log", show=show, env=env)
     finally:
-        # Kept across interruptions, so a resumed run reports its total training time.
         time_file.write_text(f"{previous + time.time() - start}\n")
     seconds = previous + time.time() - start
     mark_done(done, {"seconds": seconds})
