@@ -103,8 +103,11 @@ def variant_args(variant, topk):
 
 def training_length(settings):
     """What ends a training, in words: "2500 updates", "90 epochs", "90 epochs or 2500 updates"."""
-    caps = [f"{settings.max_epoch} epochs"] * bool(settings.max_epoch)
-    caps += [f"{settings.max_update} updates"] * bool(settings.max_update or not settings.max_epoch)
+    caps = []
+    if settings.max_epoch:
+        caps.append(f"{settings.max_epoch} epochs")
+    if settings.max_update or not settings.max_epoch:
+        caps.append(f"{settings.max_update} updates")
     return " or ".join(caps)
 
 
@@ -306,17 +309,21 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     start = time.time()
     progress = _progress_line(label, settings)
 
+    def record_time():
+        seconds = previous + time.time() - start
+        time_file.write_text(f"{seconds}\n")
+        return seconds
+
     def show(line):
         # Kept at every log line, so that a resumed run reports its total training time even
         # after a kill that skips the `finally` below (SIGTERM, SIGKILL at a session's end).
-        time_file.write_text(f"{previous + time.time() - start}\n")
+        record_time()
         return progress(line)
 
     try:
         run_logged(args, save_dir / "train.log", show=show, env=env)
     finally:
-        time_file.write_text(f"{previous + time.time() - start}\n")
-    seconds = previous + time.time() - start
+        seconds = record_time()
     mark_done(done, {"seconds": seconds})
     log(f"{label}: trained in {seconds:.0f} s")
     return seconds
