@@ -87,7 +87,7 @@ PATIENCE = 3
 PASSES_OVER_TRAINING_DATA, UPDATES_RANGE = 30, (1500, 8000)
 # Measured for the estimate printed before training (docs/recipes.md, "Your own corpus", says
 # how): CPU seconds per update of fairseq-train of this model, one thread, 16,000 TED pairs, on
-# the 2-core development machine; and per test sentence and model, fairseq-generate (beam 5)
+# a 2-core AMD EPYC; and per test sentence and model, fairseq-generate (beam 5)
 # plus fairseq-entmax-analyze, timed on a fully trained model (its translations are what a
 # user's run decodes).
 # The variants the quickstart trains and compares (examples.pipeline.training has sparsemax too).
@@ -194,7 +194,7 @@ def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max
         f"{size['layers']}+{size['layers']} layers of width {size['dim']}",
         f"estimate: at most about {format_seconds(seconds)} for {len(models)} model(s) ({format_seconds(per_model)} "
         f"each at the cap: training, translating {n_test} test sentences, analysis) at the rates measured on one "
-        "core of the 2-core development machine (docs/recipes.md); a model stopped by the patience takes less; "
+        "core of a 2-core AMD EPYC (docs/recipes.md); a model stopped by the patience takes less; "
         "--max-update N changes the cap",
     ]
 
