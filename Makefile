@@ -20,7 +20,7 @@ TOOLS := tensorboardX
 EXTRAS := dev
 RUFF := $(VENV)/bin/ruff
 
-.PHONY: setup demo test test-fast lint format bench clean gpu-check gpu-data gpu-wheels
+.PHONY: setup demo test test-fast lint format bench bench-compare clean gpu-check gpu-data gpu-wheels
 
 setup: $(STAMP)
 
@@ -58,6 +58,13 @@ format: setup
 
 bench: setup
 	$(PY) benchmarks/normalizers.py --rounds 5 --threads 1
+
+# The normalizer benchmark of the working tree against the commit REF, in fresh processes that
+# alternate between the two (benchmarks/compare_revisions.py): run it before a change to a
+# normalizer lands. BENCH_COMPARE_ARGS adds options, e.g. --threads 1 --clock cpu on a busy machine.
+bench-compare: setup
+	@test -n "$(REF)" || { echo "usage: make bench-compare REF=<commit> [BENCH_COMPARE_ARGS=...]"; exit 2; }
+	$(PY) benchmarks/compare_revisions.py $(REF) --max-ratio 1.10 $(BENCH_COMPARE_ARGS)
 
 # The GPU check (benchmarks/gpu_check.py): on a CUDA machine, the GPU-only tests and every
 # GPU benchmark in one report; without a CUDA device it stops at once, exit status 2. Not

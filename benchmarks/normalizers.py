@@ -19,11 +19,13 @@ a GPU runs, forced on the CPU) or compiled (the sync-free path through torch.com
 
 --dtype gives the scores (and the upstream gradient) a precision: float32 (the default),
 bfloat16 or float16, as attention under fairseq's --bf16 or --fp16 gives them. The learned
-alpha stays float32, as SparseMultiheadAttention gives it. --json also writes every figure
-to a file.
+alpha stays float32, as SparseMultiheadAttention gives it. --clock cpu times the process's CPU
+time instead of the wall time: at --threads 1, steady on a machine that other jobs share.
+--json also writes every figure to a file.
 
 Run:  python benchmarks/normalizers.py [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
           [--path {early-exit,sync-free,compiled}] [--dtype {float32,bfloat16,float16}] [--json FILE]
+          [--ours-only] [--no-memory] [--clock {wall,cpu}]
 """
 
 import argparse
@@ -149,7 +151,13 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
-def time_once(fn, scores, alpha_logits, upstream, device):
+# The clocks --clock chooses from. The process's CPU time (all its threads) is what a method
+# costs the machine whatever else runs on it; at one thread it is steady on a shared machine,
+# where the wall time is not.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def time_once(fn, scores, alpha_logits, upstream, device, clock=time.perf_counter):
     """Time one forward and backward.
 
     Args:
@@ -158,15 +166,16 @@ def time_once(fn, scores, alpha_logits, upstream, device):
         alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
         upstream: the gradient of the output.
         device: the torch.device they are on.
+        clock: a value of CLOCKS.
 
     Returns:
-        The wall time in seconds.
+        The time in seconds.
     """
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     forward_backward(fn, scores, alpha_logits, upstream)
     synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def _rss_kib(field):
@@ -273,7 +282,7 @@ def method_entries(path):
     return entries, place_of
 
 
-def time_shape(shape, rounds, device, path, dtype=torch.float32):
+def time_shape(shape, rounds, device, path, dtype=torch.float32, clock=time.perf_counter):
     """Median forward+backward milliseconds per method, and our max abs difference to the
     package. Each round times every method once, in an order shuffled per round, so that what
     one method leaves behind (caches, allocator state) does not always fall on the same next one.
@@ -284,6 +293,7 @@ def time_shape(shape, rounds, device, path, dtype=torch.float32):
         device: a torch.device.
         path: which of our paths (a key of PATHS).
         dtype: the scores' (shape_inputs).
+        clock: a value of CLOCKS.
 
     Returns:
         (medians, differences): {(name, "ours" or "package"): median milliseconds}, and
@@ -297,7 +307,7 @@ def time_shape(shape, rounds, device, path, dtype=torch.float32):
     order = random.Random(0)
     for round_index in range(rounds):
         for name, which, fn in order.sample(entries, len(entries)):
-            times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device))
+            times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device, clock))
         print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
     medians = {place: statistics.median(times[key]) * 1e3 for place, key in place_of.items()}
     with torch.no_grad():
@@ -448,6 +458,7 @@ def main():
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--shapes", nargs="*", default=None, help="e.g. 32x512x512 (default: all four)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak memory columns")
+    parser.add_argument("--ours-only", action="store_true", help="skip the entmax package's columns")
     parser.add_argument(
         "--path",
         choices=list(PATHS),
@@ -460,8 +471,17 @@ def main():
         default="float32",
         help="the scores' precision (default float32; alpha stays float32)",
     )
+    parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall time (default) or the process's CPU time, steadier on a shared machine at --threads 1",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file (JSON)")
     args = parser.parse_args()
+    if args.ours_only:
+        global entmax_package
+        entmax_package = None
     dtype = DTYPES[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -472,9 +492,12 @@ def main():
     for shape in shapes:
         if len(shape) != 3 or shape[0] % HEADS:
             parser.error(f"shape {shape}: give batch*heads x queries x keys with batch*heads a multiple of {HEADS}")
-    if entmax_package is None:
+    if entmax_package is None and not args.ours_only:
         print("note: the entmax package is not installed; package columns are empty", file=sys.stderr)
-    timings = {shape: time_shape(shape, args.rounds, device, args.path, dtype) for shape in shapes}
+    if args.clock == "cpu" and device.type != "cpu":
+        parser.error("--clock cpu measures the CPU: use it with --device cpu")
+    clock = CLOCKS[args.clock]
+    timings = {shape: time_shape(shape, args.rounds, device, args.path, dtype, clock) for shape in shapes}
     # Memory is measured after every timing: on CPU it changes how the C allocator serves
     # large blocks for the rest of the process (cpu_memory_setup), which would slow the
     # timing of whatever allocates large temporaries.
@@ -488,7 +511,7 @@ def main():
     # Off the CPU the normalizers take the sync-free path whatever --path says, unless compiled.
     path = args.path if device.type == "cpu" or args.path == "compiled" else "sync-free"
     about = (
-        f"forward+backward, {args.dtype}, median of {args.rounds} rounds, ours on the {path} path; "
+        f"forward+backward, {args.dtype}, {args.clock} time, median of {args.rounds} rounds, ours on the {path} path; "
         "ratios < 1 mean ours is faster"
     )
     print(f"machine: {machine_description(device)}")
@@ -501,6 +524,7 @@ def main():
             "command": " ".join(sys.argv),
             "about": about,
             "dtype": args.dtype,
+            "clock": args.clock,
             "path": path,
             "rows": results_json(results),
         }

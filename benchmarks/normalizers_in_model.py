@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from fairseq import checkpoint_utils, utils
 
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
-from normalizers import machine_description
+from normalizers import CLOCKS, machine_description
 
 REPO = Path(__file__).resolve().parents[1]
 NORMALIZERS = "fairseq_entmax/normalizers"
@@ -87,7 +86,7 @@ def use(modules, functions):
         module.function = function
 
 
-def time_side_by_side(versions, modules, batches, rounds, step):
+def time_side_by_side(versions, modules, batches, rounds, step, clock):
     """Seconds of `step(batch)` per version, batch by batch in shuffled version order.
 
     Args:
@@ -96,6 +95,7 @@ def time_side_by_side(versions, modules, batches, rounds, step):
         batches: the batches, each run once per version per round.
         rounds: how many times every batch is run.
         step: the function timed.
+        clock: a value of normalizers.CLOCKS.
 
     Returns:
         {name: [seconds, one per batch and round]}.
@@ -108,9 +108,9 @@ def time_side_by_side(versions, modules, batches, rounds, step):
         for batch in batches:
             for name in random.sample(list(versions), len(versions)):
                 use(modules, versions[name])
-                start = time.perf_counter()
+                start = clock()
                 step(batch)
-                seconds[name].append(time.perf_counter() - start)
+                seconds[name].append(clock() - start)
     return seconds
 
 
@@ -141,6 +141,12 @@ def main():
     parser.add_argument("--gen-batches", type=int, default=3, help="test batches of 16 sentences translated")
     parser.add_argument("--gen-len", type=int, default=60, help="the output length every hypothesis is forced to")
     parser.add_argument("--rounds", type=int, default=3, help="times every batch is run per version")
+    parser.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall time (default) or the process's CPU time, steadier on a shared machine at --threads 1",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -162,6 +168,7 @@ def main():
         }
         print(f"machine: {machine_description(torch.device('cpu'))}")
         print(f"command: {' '.join(sys.argv)}")
+        print(f"clock: {args.clock} time")
         print(f"normalizers: {sorted({module.name for module in modules})}")
 
         task.load_dataset("train")
@@ -177,7 +184,7 @@ def main():
             model.zero_grad()
 
         model.train()
-        seconds = time_side_by_side(versions, modules, train_batches, args.rounds, train_step)
+        seconds = time_side_by_side(versions, modules, train_batches, args.rounds, train_step, CLOCKS[args.clock])
         print("training step (forward + backward):", *ratios(seconds, args.against), sep="\n  ")
 
         task.load_dataset("test")
@@ -195,7 +202,7 @@ def main():
                 task.inference_step(generator, [model], batch)
 
         model.eval()
-        seconds = time_side_by_side(versions, modules, test_batches, args.rounds, beam_search)
+        seconds = time_side_by_side(versions, modules, test_batches, args.rounds, beam_search, CLOCKS[args.clock])
         print(f"beam search (beam 5, {args.gen_len} tokens):", *ratios(seconds, args.against), sep="\n  ")
 
 
