@@ -1,6 +1,6 @@
 """float64 gradcheck of every normalizer's hand-written backward, with masked entries; the
 alpha gradient close to alpha = 1 against differences of the independent reference. Each
-on the early-exit path with and without alpha_entmax's lower-bound start forced."""
+on the early-exit path with and without alpha_entmax's selected entries."""
 
 import numpy as np
 import pytest
@@ -11,7 +11,7 @@ from normalizer_paths import PATHS
 from normalizer_references import alpha_entmax_reference
 
 
-@pytest.fixture(autouse=True, params=["early_exit", "early_exit_bounded"])
+@pytest.fixture(autouse=True, params=["early_exit", "early_exit_selected"])
 def path(request):
     with PATHS[request.param]():
         yield

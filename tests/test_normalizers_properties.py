@@ -1,6 +1,6 @@
 """Property tests (hypothesis) of the normalizers against their definitions, on every path
 of tests/normalizer_paths.py: the early-exit one (the CPU's default), with and without
-alpha_entmax's lower-bound start forced, and the sync-free one (GPUs, torch.compile)."""
+alpha_entmax's selected entries, and the sync-free one (GPUs, torch.compile)."""
 
 import numpy as np
 import pytest

@@ -233,6 +233,79 @@ def map_rows_backward(out, grad, dim, kernel, row_params=(), num_scratch=1, row_
     return grad_scores, torch.cat(row_values).view(row_shape).movedim(-1, dim)
 
 
+class WholeRows:
+    """Row operations on an (m, d) block whose entry tensors are (m, d) blocks too."""
+
+    @staticmethod
+    def sum(entries):
+        """The (m, 1) sums of the rows of entries."""
+        return entries.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def spread(row_values):
+        """(m, 1) values, one per row, in the shape of an entry tensor (here: as they are;
+        they broadcast)."""
+        return row_values
+
+
+WHOLE_ROWS = WholeRows()
+
+
+class SelectedEntries:
+    """Row operations on the selected entries of an (m, d) block, held as a 1-D tensor in
+    row-major order: a sparse map needs only the entries that can be nonzero, often a tenth
+    of a block. Selecting them reads their number back, so this is for the CPU's
+    early-exit path only.
+
+    Args:
+        index: the selected entries' positions in the flattened block, in increasing order.
+        counts: the number of selected entries of each row, (m,) integer.
+    """
+
+    def __init__(self, index, counts):
+        self.index = index
+        self.counts = counts
+        rows = torch.arange(len(counts), device=counts.device)
+        self.rows = torch.repeat_interleave(rows, counts, output_size=len(index))
+
+    def narrowed(self, keep):
+        """The SelectedEntries of these where the 1-D bool tensor keep (an entry tensor) holds."""
+        kept = keep.nonzero().squeeze(1)
+        return SelectedEntries(
+            self.index.index_select(0, kept),
+            torch.bincount(self.rows.index_select(0, kept), minlength=len(self.counts)),
+        )
+
+    def gather(self, block):
+        """The selected entries of an (m, d) block, 1-D."""
+        return block.reshape(-1).index_select(0, self.index)
+
+    def scatter(self, entries, block):
+        """Write entries into their places in the (m, d) block (contiguous), zeros elsewhere."""
+        block.zero_().view(-1).index_copy_(0, self.index, entries)
+
+    def sum(self, entries):
+        """The (m, 1) sums of each row's selected entries (0 for a row with none)."""
+        return torch.segment_reduce(entries, "sum", lengths=self.counts).unsqueeze(1)
+
+    def spread(self, row_values):
+        """(m, 1) values, one per row, repeated for each of the row's selected entries."""
+        return row_values.reshape(-1).index_select(0, self.rows)
+
+
+def select_above(values, thresholds, share, scratch):
+    """SelectedEntries of the entries of the (m, d) block `values` above their row's
+    threshold ((m, 1); +inf selects nothing of a row) when they are at most `share` of the
+    block, else None. scratch: a block like values. Reads that number back: early-exit
+    path only."""
+    # The comparison written as 0/1 in values' dtype: a bool result costs several times more.
+    above = torch.gt(values, thresholds, out=scratch)
+    counts = above.sum(dim=-1)
+    if float(counts.sum()) > share * above.numel():
+        return None
+    return SelectedEntries(above.bool().view(-1).nonzero().squeeze(1), counts.long())
+
+
 def sparse_map_backward(g, s, grad_out):
     """VJP of a map whose Jacobian is diag(s) - s s^T / sum(s), written into grad_out.
 

@@ -12,12 +12,14 @@ import torch
 
 from fairseq_entmax.normalizers._common import (
     NEWTON_TOLERANCE,
+    WHOLE_ROWS,
     as_row_values,
     check_scores,
     check_values,
     compute_dtype,
     map_rows,
     map_rows_backward,
+    select_above,
     shift_rows,
     sparse_map_backward,
     uses_sync_free_path,
@@ -37,10 +39,18 @@ _MAX_PASSES = 64
 # with a margin; see docs/normalizers.md.
 SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 
-# On the CPU's early-exit path, in rows of _BOUND_FROM_KEYS keys or more, the plain search
-# starts from a lower bound of tau instead of -1, which saves passes (benchmarks/RESULTS.md);
-# on shorter rows, as in a decoding step, the bound costs about what it saves.
-_BOUND_FROM_KEYS = 80
+# On the CPU's early-exit path, the plain search runs on each row's candidates alone (the
+# entries above a lower bound of tau, a superset of the support) when they are at most this
+# share of a block, divided by torch's number of threads: selecting them costs about what
+# one pass over the whole block does, and the operations on selected entries run on one
+# thread where the passes over whole rows share out (measurements in benchmarks/RESULTS.md).
+# Rows shorter than _SELECT_FROM_KEYS keep whole rows: on them, as in a decoding step, the
+# operations that select cost more than the passes save. Below _SELECT_FROM_THREADS threads
+# whole rows are kept too: there the selection gains on random scores but costs inside a
+# trained model's training steps (both tables in benchmarks/RESULTS.md).
+_CANDIDATE_SHARE = 0.5
+_SELECT_FROM_KEYS = 80
+_SELECT_FROM_THREADS = 2
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
 _BOUND_DEPTHS = (0.25, 0.5)
 
@@ -67,8 +77,9 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     any tau below the root (-1, or _lower_bound_of_tau) the steps rise monotonically to the
     root without passing it, nearly linearly far from it (F is exactly linear while one
     entry is in the support) and quadratically near it; 4 to 7 passes for attention rows.
-    On the early-exit path, in rows of _BOUND_FROM_KEYS keys or more, the search starts
-    from the lower bound. For alpha > 2 the monotone rise is
+    On the early-exit path, in rows of _SELECT_FROM_KEYS keys or more, the search starts
+    from the lower bound and its passes run on the candidates alone, the entries above it,
+    when they are few (_CANDIDATE_SHARE per thread) and torch runs _SELECT_FROM_THREADS threads or more. For alpha > 2 the monotone rise is
     lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
@@ -87,12 +98,32 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     # The plain loop has less than half the operations of the safeguarded one, and their
     # number is what a call on a few short rows (a decoding step) costs.
     plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
-    if plain and not sync_free and z.shape[1] >= _BOUND_FROM_KEYS:
+    candidates = None
+    if plain and not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
         tau = _lower_bound_of_tau(z, am1, scratch=r)
+        threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
+        threads = torch.get_num_threads()
+        if threads >= _SELECT_FROM_THREADS:
+            candidates = select_above(z, threshold, _CANDIDATE_SHARE / threads, scratch=r)
     else:
         tau = torch.full_like(am1, -1.0)
-    newton = _NewtonOnNorm(z, am1, (r, q, rq), sync_free)
-    newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
+    if candidates is None:
+        newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
+        newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
+    else:
+        # One pass on the candidates brings tau closer to the root; the entries still
+        # above it are the candidates of the passes that follow.
+        newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+        newton.plain(tau, passes=1)
+        candidates = candidates.narrowed(newton.z > candidates.spread(tau))
+        newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+        step = newton.plain(tau)
+        newton.write_probabilities(step, newton.rq)
+        candidates.scatter(newton.rq, out)
+        # A row with a NaN score has no candidates, and a NaN step.
+        nan_rows = torch.isnan(step)
+        if bool(nan_rows.any()):
+            out.masked_fill_(nan_rows, float("nan"))
     if any_softmax:
         out.copy_(torch.where(is_softmax, torch.softmax(x.to(out.dtype), dim=-1), out))
     if valid is not None:
@@ -100,21 +131,28 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
 
 
 class _NewtonOnNorm:
-    """Newton's method on F(tau) - 1 for the rows of the block z (see alpha_entmax_rows);
-    scratch: three blocks like z. r = [z - tau]_+ and q = r^(n - 1) are left from the last pass, at
+    """Newton's method on F(tau) - 1 for the rows of z (see alpha_entmax_rows). z holds the
+    entries of `rows` (WholeRows: the block; SelectedEntries: some of its entries); scratch:
+    three tensors like z. r = [z - tau]_+ and q = r^(n - 1) are left from the last pass, at
     the tau before the step it returns. With sync_free, the searches make a fixed number of
     passes (SYNC_FREE_PASSES), each row frozen once converged."""
 
-    def __init__(self, z, am1, scratch, sync_free):
-        self.z, self.am1 = z, am1
+    def __init__(self, z, am1, rows, scratch, sync_free):
+        self.z, self.am1, self.rows = z, am1, rows
         self.r, self.q, self.rq = scratch
         self.sync_free = sync_free
         exponent = 1.0 / am1 - 1.0  # n - 1
-        self.exponent = exponent
+        self.exponent = rows.spread(exponent)
         self.one_minus_am1 = 1.0 - am1
         # For alpha >= 2, n - 1 <= 0 and pow(0, n - 1) is 1 or inf: zero it off the support.
         self.mask_zeros = sync_free or bool((exponent <= 0).any())
         self.tolerance = NEWTON_TOLERANCE[z.dtype]
+
+    @classmethod
+    def on_selected(cls, z, am1, selected):
+        """On the early-exit path, over the SelectedEntries `selected` of the block z."""
+        z = selected.gather(z)
+        return cls(z, am1, selected, [torch.empty_like(z) for _ in range(3)], sync_free=False)
 
     def passes(self, search):
         return SYNC_FREE_PASSES[search] if self.sync_free else _MAX_PASSES
@@ -125,21 +163,21 @@ class _NewtonOnNorm:
 
     def total_and_step(self, tau):
         """sum_i r_i^n (= sum p) and the Newton step (F - 1) / -F' at tau."""
-        torch.sub(self.z, tau, out=self.r).clamp_min_(0.0)
+        torch.sub(self.z, self.rows.spread(tau), out=self.r).clamp_min_(0.0)
         torch.pow(self.r, self.exponent, out=self.q)
         if self.mask_zeros:
             self.q.masked_fill_(self.r == 0, 0.0)
-        s1 = self.q.sum(dim=-1, keepdim=True)  # sum r^(n-1)
+        s1 = self.rows.sum(self.q)  # sum r^(n-1)
         # sum r^n, the product written into scratch: vecdot(q, r) would allocate a
         # block-sized temporary at every pass.
-        total = torch.mul(self.q, self.r, out=self.rq).sum(dim=-1, keepdim=True)
+        total = self.rows.sum(torch.mul(self.q, self.r, out=self.rq))
         # (F - 1) / -F' = (S - S^(1 - am1)) / S1 with S = sum r^n.
         return total, (total - total.pow(self.one_minus_am1)).div_(s1)
 
-    def plain(self, tau):
+    def plain(self, tau, passes=None):
         """For alpha <= 2, where the steps rise monotonically to the root from any tau below
-        it (updated in place)."""
-        for _ in range(self.passes("plain")):
+        it (updated in place); passes: at most this many (default: those of the path)."""
+        for _ in range(passes or self.passes("plain")):
             _, step = self.total_and_step(tau)
             converged = self.converged(step)
             if not self.sync_free and bool(converged.all()):
@@ -171,8 +209,8 @@ class _NewtonOnNorm:
         """p at tau + step into out (like z), from the last pass's r and q."""
         # To first order: [r - n step]_+ r^(n-1), which leaves an error of order step^2
         # instead of step (and costs no further power); then renormalise.
-        torch.sub(self.r, step / self.am1, out=out).clamp_min_(0.0).mul_(self.q)
-        out.div_(out.sum(dim=-1, keepdim=True))
+        torch.sub(self.r, self.rows.spread(step / self.am1), out=out).clamp_min_(0.0).mul_(self.q)
+        out.div_(self.rows.spread(self.rows.sum(out)))
 
 
 def _lower_bound_of_tau(z, am1, scratch):
