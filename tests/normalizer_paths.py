@@ -3,7 +3,8 @@
 early_exit: the CPU's default. alpha_entmax there computes on the selected entries of a
 block (the candidates of the support) when the rows are long, the candidates few and torch
 runs several threads, and on whole rows otherwise; early_exit_selected forces the selection
-whatever the row length, share and threads, so that small test rows reach it. sync_free: what GPUs and torch.compile run.
+whatever the row length, share and threads, so that small test rows reach it. sync_free:
+what GPUs and torch.compile run.
 """
 
 import contextlib
