@@ -80,7 +80,8 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     On the early-exit path, in rows of _SELECT_FROM_KEYS keys or more, the search starts
     from the lower bound and its passes run on the candidates alone, the entries above it,
     when they are few (_CANDIDATE_SHARE per thread) and torch runs _SELECT_FROM_THREADS
-    threads or more. For alpha > 2 the monotone rise is lost and each step is kept inside the bracket [-1, -(1/d)^am1] (bisection otherwise).
+    threads or more. For alpha > 2 the monotone rise is lost and each step is kept inside
+    the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
     path makes SYNC_FREE_PASSES passes instead, over every entry, and decides from
