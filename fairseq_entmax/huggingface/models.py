@@ -120,9 +120,9 @@ def attention_modules(model):
     wrappers = {path for path, _ in others if any(inner.startswith(path + ".") for inner, _ in found)}
     computing_their_own = sorted({type(m).__name__ for path, m in others if path not in wrappers})
     if computing_their_own:
-        raise _unsupported(
-            model, f"its attention class {', '.join(computing_their_own)} does not go through AttentionInterface"
-        )
+        names = ", ".join(computing_their_own)
+        verb = "does" if len(computing_their_own) == 1 else "do"
+        raise _unsupported(model, f"its attention {names} {verb} not go through AttentionInterface")
     if not found:
         raise _unsupported(model, "none of its modules goes through AttentionInterface")
     rows = []
