@@ -248,7 +248,7 @@ def _write_config(path, edit):
 def test_unreadable_directories_are_refused(tmp_path):
     from transformers import MarianMTModel
 
-    with pytest.raises(OSError, match="not a directory"):
+    with pytest.raises(OSError, match="not a directory written by save_pretrained"):
         sparse_hf.from_pretrained(MarianMTModel, tmp_path / "missing")
     with pytest.raises(OSError, match="cannot read its config.json"):
         sparse_hf.from_pretrained(MarianMTModel, tmp_path)

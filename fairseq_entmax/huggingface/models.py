@@ -277,7 +277,7 @@ def from_pretrained(model_class, path, **kwargs):
 
     Args:
         model_class: the transformers model class to load (MarianMTModel, an Auto class, ...).
-        path: the directory save_pretrained wrote.
+        path: the directory save_pretrained wrote (or a model id of the hub, which transformers fetches).
         **kwargs: model_class.from_pretrained's other arguments (dtype, device_map, ...), but
             not attn_implementation, which the saved config fixes.
 
@@ -285,18 +285,21 @@ def from_pretrained(model_class, path, **kwargs):
         The model, of model_class (or the class the Auto class picks), in eval mode.
 
     Raises:
-        OSError: for a path that is not a directory with a readable config.
+        OSError: for a path that is neither a directory with a readable config.json nor a model
+            transformers can fetch.
         ValueError: for a model that sparsify did not save (say how to load and sparsify one), an
             attn_implementation other than the recorded one, and saved weights that lack the
             learned alphas.
         TypeError: for a model class that is not supported (see attention_modules).
     """
-    if not os.path.isdir(path):
-        raise OSError(f"{path}: not a directory; from_pretrained reads a directory written by save_pretrained")
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as error:
-        raise OSError(f"{path}: cannot read its config.json ({error})") from error
+        if os.path.isdir(path):
+            raise OSError(f"{path}: cannot read its config.json ({error})") from error
+        raise OSError(
+            f"{path}: not a directory written by save_pretrained, nor a model transformers can fetch ({error})"
+        ) from error
     record = sparse_attention_record(config)
     if record is None:
         raise ValueError(
