@@ -83,8 +83,8 @@ def _num_heads(module):
 def _unsupported(model, reason):
     return TypeError(
         f"{type(model).__name__}: {reason}. fairseq_entmax.huggingface supports models whose attention modules "
-        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do in transformers 5; "
-        f"see https://huggingface.co/docs/transformers/en/attention_interface"
+        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do from "
+        f"transformers 5.15 on; see https://huggingface.co/docs/transformers/en/attention_interface"
     )
 
 
