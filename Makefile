@@ -15,7 +15,7 @@ FAIRSEQ := fairseq-fixed==0.12.3.1
 FAIRSEQ_RUNTIME := hydra-core==1.3.2 omegaconf==2.3.0 bitarray regex sacrebleu tqdm numpy cffi cython scikit-learn
 # tensorboardX: fairseq's fallback writer for --tensorboard-logdir (torch.utils.tensorboard first).
 TOOLS := tensorboardX
-# This package's extras (pyproject.toml): dev = test (analysis, examples, pytest, hypothesis,
+# This package's extras (pyproject.toml): dev = test (analysis, examples, huggingface, pytest, hypothesis,
 # entmax) + ruff.
 EXTRAS := dev
 RUFF := $(VENV)/bin/ruff

@@ -1,0 +1,429 @@
+"""Sparsifying a transformers model: a normalizer module per attention, recorded in its config.
+
+`sparsify(model, name, **options)` finds the attention modules that dispatch through
+transformers' AttentionInterface, gives each its own normalizer (build_normalizer), switches
+the model's attn_implementation to `name` and records the choice in `model.config`, which
+`save_pretrained` writes into config.json. `from_pretrained(model_class, path)` reads such a
+model back: it adds the normalizers before transformers loads the weights, so the learned
+alphas load with the rest.
+"""
+
+import argparse
+import inspect
+import os
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PreTrainedModel
+
+from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE
+from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
+from fairseq_entmax.options import (
+    DEFAULTS,
+    parse_alpha_clamp,
+    parse_alpha_init,
+    parse_alpha_warmup_updates,
+    parse_topk,
+    parse_topk_fraction,
+)
+
+# The key of model.config (and config.json) that records what sparsify did.
+CONFIG_KEY = "sparse_attention"
+
+# sparsify's options, as build_normalizer takes them, with their parsers (fairseq_entmax.options).
+OPTION_PARSERS = {
+    "alpha_init": parse_alpha_init,
+    "alpha_clamp": parse_alpha_clamp,
+    "alpha_warmup_updates": parse_alpha_warmup_updates,
+    "topk": parse_topk,
+    "topk_fraction": lambda value: None if value is None else parse_topk_fraction(value),
+    "topk_min": parse_topk,
+}
+
+# The families the tests cover; any model whose attention dispatches through AttentionInterface works.
+TESTED_FAMILIES = "Marian, BERT, Llama, Qwen2 and T5"
+
+# Module names of cross-attention in transformers' models (an encoder-decoder's decoder).
+_CROSS_ATTENTION_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "cross_attention")
+
+_dispatching_classes = {}
+
+
+def _dispatches_through_interface(module_class):
+    """Whether the forward of a module class calls transformers' attention functions by name."""
+    if module_class not in _dispatching_classes:
+        try:
+            source = inspect.getsource(module_class.forward)
+        except (OSError, TypeError):
+            source = ""
+        _dispatching_classes[module_class] = "ALL_ATTENTION_FUNCTIONS" in source
+    return _dispatching_classes[module_class]
+
+
+def _attention_type(path, module):
+    if getattr(module, "is_causal", False):
+        return "decoder_self"
+    if path.rsplit(".", 1)[-1] in _CROSS_ATTENTION_NAMES or "Cross" in type(module).__name__:
+        return "cross"
+    if getattr(module, "is_decoder", False):
+        return "cross"  # a decoder's attention that is not causal reads the encoder
+    return "encoder_self"
+
+
+def _num_heads(module):
+    for name in ("num_heads", "num_attention_heads", "n_heads", "n_head"):
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    value = getattr(getattr(module, "config", None), "num_attention_heads", None)
+    return value if isinstance(value, int) else None
+
+
+def _unsupported(model, reason):
+    return TypeError(
+        f"{type(model).__name__}: {reason}. fairseq_entmax.huggingface supports models whose attention modules "
+        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do from "
+        f"transformers 5.15 on; see https://huggingface.co/docs/transformers/en/attention_interface"
+    )
+
+
+def attention_modules(model):
+    """The attention modules of a model that dispatch through AttentionInterface.
+
+    Args:
+        model: a transformers PreTrainedModel.
+
+    Returns:
+        A list of (attention_type, layer, path, module, num_heads) in the model's module
+        order: attention_type one of fairseq_entmax.names.ATTENTION_TYPES (encoder
+        self-attention, decoder self-attention, an encoder-decoder's cross-attention), layer
+        counted from 0 within its type, path the module's name in the model.
+
+    Raises:
+        TypeError: for a model none of whose attention dispatches through AttentionInterface,
+            or one with an attention class that computes its own (naming it), or whose number of
+            heads cannot be read; the message says what is supported.
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers PreTrainedModel, got {type(model).__name__}")
+    found = []
+    others = []
+    for path, module in model.named_modules():
+        if isinstance(module, AttentionNormalizer):
+            continue
+        if _dispatches_through_interface(type(module)):
+            found.append((path, module))
+        elif "Attention" in type(module).__name__ and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            others.append((path, module))
+    # An attention class that only wraps a dispatching one (BERT's BertAttention, T5's T5LayerSelfAttention).
+    wrappers = {path for path, _ in others if any(inner.startswith(path + ".") for inner, _ in found)}
+    computing_their_own = sorted({type(m).__name__ for path, m in others if path not in wrappers})
+    if computing_their_own:
+        names = ", ".join(computing_their_own)
+        verb = "does" if len(computing_their_own) == 1 else "do"
+        raise _unsupported(model, f"its attention {names} {verb} not go through AttentionInterface")
+    if not found:
+        raise _unsupported(model, "none of its modules goes through AttentionInterface")
+    rows = []
+    layers = dict.fromkeys(ATTENTION_TYPES, 0)
+    for path, module in found:
+        heads = _num_heads(module)
+        if heads is None:
+            raise _unsupported(model, f"the number of heads of its {type(module).__name__} ({path}) is not readable")
+        attention_type = _attention_type(path, module)
+        rows.append((attention_type, layers[attention_type], path, module, heads))
+        layers[attention_type] += 1
+    return rows
+
+
+def check_options(name, options):
+    """The full, checked options of sparsify.
+
+    Args:
+        name: the normalizer, one of NORMALIZER_NAMES.
+        options: {option: value} for some of OPTION_PARSERS' options (the rest take
+            fairseq_entmax.options.DEFAULTS).
+
+    Returns:
+        {"normalizer": name, option: value for every option}, the values normalised
+        (alpha_clamp a list), as sparsify records them.
+
+    Raises:
+        ValueError: for an unknown normalizer (listing the known ones), a bad value (naming the
+            option and what is allowed), or a numeric alpha_init outside alpha_clamp.
+        TypeError: for an unknown option, listing the known ones.
+    """
+    if name not in NORMALIZER_NAMES:
+        raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
+    unknown = sorted(set(options) - set(OPTION_PARSERS))
+    if unknown:
+        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(OPTION_PARSERS)}")
+    record = {"normalizer": name}
+    for option, parse in OPTION_PARSERS.items():
+        value = options.get(option, DEFAULTS[option])
+        try:
+            record[option] = parse(value)
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"{option}: {error}") from None
+    low, high = record["alpha_clamp"]
+    if record["alpha_init"] != "random" and not low <= record["alpha_init"] <= high:
+        # Outside the clamp, alpha sits at the bound, where the clamp passes no gradient.
+        raise ValueError(
+            f"alpha_init {record['alpha_init']} is outside alpha_clamp ({low}, {high}): every head would stay "
+            f"at the bound and never learn its alpha; choose an alpha_init in [{low}, {high}]"
+        )
+    record["alpha_clamp"] = [low, high]
+    return record
+
+
+def _build_normalizers(modules, record):
+    options = {option: record[option] for option in OPTION_PARSERS}
+    options["alpha_clamp"] = tuple(options["alpha_clamp"])
+    normalizers = []
+    for _, _, _, module, heads in modules:
+        normalizer = build_normalizer(record["normalizer"], heads, **options)
+        parameter = next(module.parameters(), None)
+        if parameter is not None:
+            normalizer.to(device=parameter.device, dtype=parameter.dtype)
+        normalizers.append(normalizer)
+    return normalizers
+
+
+def _set_attn_implementation(model, name):
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+        return
+    # transformers before set_attn_implementation: the implementation each config names.
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.config._attn_implementation = name
+
+
+def _attach(model, modules, normalizers, record):
+    for (_, _, _, module, _), normalizer in zip(modules, normalizers):
+        setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
+    setattr(model.config, CONFIG_KEY, dict(record))
+    set_num_updates(model, record.get("num_updates", 0))
+
+
+def sparsify(model, name, **options):
+    """Give every attention of a model its own normalizer, in place.
+
+    Args:
+        model: a transformers PreTrainedModel whose attention dispatches through
+            AttentionInterface, pretrained or new; an earlier sparsify's normalizers are replaced.
+        name: one of fairseq_entmax.normalizers.NORMALIZER_NAMES.
+        **options: build_normalizer's options: alpha_init ("random" or a number in (1, 2]),
+            alpha_clamp ((MIN, MAX), 1 <= MIN < MAX <= 2), alpha_warmup_updates (N >= 0: each
+            head's alpha rises from 1 at update 0 to its learned alpha at update N; follow the
+            updates with AlphaWarmupCallback or set_num_updates), topk (k >= 1), topk_fraction
+            (F in (0, 1]) and topk_min (>= 1); the options another normalizer has are ignored.
+
+    Returns:
+        The model, whose attn_implementation is now `name` and whose config records
+        {"normalizer": name, every option, "num_updates"} under CONFIG_KEY. For
+        "alpha_entmax", each attention module holds `attention_normalizer.alpha_logit`, one
+        learned logit per head, a parameter of the model (in its dtype and on its device).
+
+    Raises:
+        ValueError, TypeError: for an unknown name or option, a bad option value (see
+            check_options), or a model that is not supported (see attention_modules). The model is
+            left unchanged.
+    """
+    record = check_options(name, options)
+    modules = attention_modules(model)
+    normalizers = _build_normalizers(modules, record)
+    _set_attn_implementation(model, name)
+    _attach(model, modules, normalizers, record)
+    return model
+
+
+def sparse_attention_record(config):
+    """What sparsify recorded in a config.
+
+    Args:
+        config: a transformers PretrainedConfig.
+
+    Returns:
+        The record (see sparsify), checked, or None for a model sparsify did not touch.
+
+    Raises:
+        ValueError: for a record that sparsify would not have written.
+    """
+    stored = getattr(config, CONFIG_KEY, None)
+    if stored is None:
+        return None
+    if not isinstance(stored, dict) or "normalizer" not in stored:
+        raise ValueError(f"config.{CONFIG_KEY} is not a record of sparsify: {stored!r}")
+    options = {key: value for key, value in stored.items() if key not in ("normalizer", "num_updates")}
+    record = check_options(stored["normalizer"], options)
+    record["num_updates"] = parse_alpha_warmup_updates(stored.get("num_updates", 0))
+    return record
+
+
+def _concrete_class(model_class, config):
+    """The model class itself, or the class an Auto class (AutoModelForSeq2SeqLM, ...) picks for config."""
+    if getattr(model_class, "_model_mapping", None) is None:
+        return model_class
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    return _get_model_class(config, model_class._model_mapping)
+
+
+def from_pretrained(model_class, path, **kwargs):
+    """Load a model that sparsify changed and save_pretrained wrote: the same normalizers, the
+    same learned alphas, the same warm-up position.
+
+    Args:
+        model_class: the transformers model class to load (MarianMTModel, an Auto class, ...).
+        path: the directory save_pretrained wrote (or a model id of the hub, which transformers fetches).
+        **kwargs: model_class.from_pretrained's other arguments (dtype, device_map, ...), but
+            not attn_implementation, which the saved config fixes.
+
+    Returns:
+        The model, of model_class (or the class the Auto class picks), in eval mode.
+
+    Raises:
+        OSError: for a path that is neither a directory with a readable config.json nor a model
+            transformers can fetch.
+        ValueError: for a model that sparsify did not save (say how to load and sparsify one), an
+            attn_implementation other than the recorded one, and saved weights that lack the
+            learned alphas.
+        TypeError: for a model class that is not supported (see attention_modules).
+    """
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as error:
+        if os.path.isdir(path):
+            raise OSError(f"{path}: cannot read its config.json ({error})") from error
+        raise OSError(
+            f"{path}: not a directory written by save_pretrained, nor a model transformers can fetch ({error})"
+        ) from error
+    record = sparse_attention_record(config)
+    if record is None:
+        raise ValueError(
+            f"{path}: not a model that fairseq_entmax.huggingface.sparsify changed (its config has no "
+            f"{CONFIG_KEY!r}); load it with {model_class.__name__}.from_pretrained(path) and call sparsify(model, name)"
+        )
+    requested = kwargs.pop("attn_implementation", record["normalizer"])
+    if requested != record["normalizer"]:
+        raise ValueError(
+            f"{path} was sparsified with {record['normalizer']!r}; attn_implementation={requested!r} would drop it "
+            f"(load it, then call sparsify(model, {requested!r}))"
+        )
+    output_loading_info = kwargs.pop("output_loading_info", False)
+    concrete = _concrete_class(model_class, config)
+
+    def __init__(self, config, *args, **init_kwargs):
+        concrete.__init__(self, config, *args, **init_kwargs)
+        modules = attention_modules(self)
+        _attach(self, modules, _build_normalizers(modules, record), record)
+
+    # A subclass that adds the normalizers as the model is built, before transformers loads
+    # the weights into it; the loaded model is then given back its own class.
+    loading = type(concrete.__name__, (concrete,), {"__init__": __init__, "__module__": concrete.__module__})
+    loading.__qualname__ = concrete.__qualname__
+    model, info = loading.from_pretrained(
+        path, attn_implementation=record["normalizer"], output_loading_info=True, **kwargs
+    )
+    model.__class__ = concrete
+    lacking = [key for key in info["missing_keys"] if f".{NORMALIZER_ATTRIBUTE}." in f".{key}"]
+    if lacking:
+        raise ValueError(f"{path}: its weights lack {', '.join(lacking)}, which sparsify's model saves")
+    # The non-learned normalizers store nothing: built again on the loaded model's device.
+    modules = attention_modules(model)
+    fresh = _build_normalizers(modules, record)
+    normalizers = [
+        getattr(module, NORMALIZER_ATTRIBUTE) if getattr(module, NORMALIZER_ATTRIBUTE).learns_alpha else new
+        for (_, _, _, module, _), new in zip(modules, fresh)
+    ]
+    _attach(model, modules, normalizers, record)
+    return (model, info) if output_loading_info else model
+
+
+def _sparse_modules(model):
+    for attention_type, layer, _, module, _ in attention_modules(model):
+        normalizer = getattr(module, NORMALIZER_ATTRIBUTE, None)
+        if normalizer is not None:
+            yield attention_type, layer, normalizer
+
+
+def set_num_updates(model, num_updates):
+    """Tell a sparsified model how many optimizer steps training has done: learned
+    alpha-entmax's warm-up follows it. Call it before the first step and after each one in a
+    custom training loop (AlphaWarmupCallback does it for transformers' Trainer).
+
+    Args:
+        model: a model sparsify changed (any other model is left as it is).
+        num_updates: the optimizer steps done, an integer >= 0; recorded in the config, so
+            that save_pretrained keeps the warm-up position.
+
+    Raises:
+        ValueError: for a num_updates that is not an integer >= 0.
+    """
+    try:
+        num_updates = parse_alpha_warmup_updates(num_updates)
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"num_updates: {error}") from None
+    record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
+    if record is None:
+        return
+    for _, _, normalizer in _sparse_modules(model):
+        normalizer.set_num_updates(num_updates)
+    record["num_updates"] = num_updates
+
+
+def alpha_table(model):
+    """Each head's alpha, as the model uses it now (with the warm-up, if any).
+
+    Args:
+        model: a transformers model.
+
+    Returns:
+        A list of {"attention_type", "layer", "head", "normalizer", "alpha"} rows, one per
+        head of every sparsified attention whose normalizer is an alpha-entmax (all but top-k),
+        in the order of attention_modules; empty for a model sparsify did not change.
+    """
+    rows = []
+    for attention_type, layer, normalizer in _sparse_modules(model):
+        alphas = normalizer.head_alpha()
+        if alphas is None:
+            continue
+        for head, alpha in enumerate(alphas.detach().float().cpu().tolist()):
+            rows.append(
+                {
+                    "attention_type": attention_type,
+                    "layer": layer,
+                    "head": head,
+                    "normalizer": normalizer.name,
+                    "alpha": alpha,
+                }
+            )
+    return rows
+
+
+def learned_alpha_statistics(model):
+    """The mean, min and max of the learned alphas over the heads of each attention type, as
+    the fairseq layer logs them.
+
+    Args:
+        model: a transformers model.
+
+    Returns:
+        {attention_type: {"mean": ..., "min": ..., "max": ...}} for the attention types whose
+        alphas are learned (empty without any).
+    """
+    per_type = {}
+    for attention_type, _, normalizer in _sparse_modules(model):
+        if normalizer.learns_alpha:
+            per_type.setdefault(attention_type, []).append(normalizer.head_alpha().detach().float())
+    statistics = {}
+    for attention_type, alphas in per_type.items():
+        values = torch.cat(alphas)
+        statistics[attention_type] = {
+            "mean": values.mean().item(),
+            "min": values.min().item(),
+            "max": values.max().item(),
+        }
+    return statistics

@@ -1,0 +1,165 @@
+"""The normalizers as transformers attention implementations, on tiny random models of each
+family users run: Marian (encoder-decoder), BERT (encoder), Llama and Qwen2 (decoder-only with
+grouped-query attention), T5 (relative position bias)."""
+
+import pytest
+import torch
+
+import fairseq_entmax.huggingface as sparse_hf
+from huggingface_tiny import DECODER_ONLY, ENCODER_DECODERS, FAMILIES, real_queries, seen_keys, tiny_batch, tiny_model
+
+SPARSE = ("sparsemax", "entmax15", "alpha_entmax", "topk")
+TOPK = 2
+
+
+def _sparse_model(family, name, seed=0, **config_overrides):
+    """A tiny model running `name`: sparsify for what has options or state, the registered name otherwise."""
+    if name in ("alpha_entmax", "topk"):
+        model = tiny_model(family, "eager", seed, **config_overrides)
+        return sparse_hf.sparsify(model, name, alpha_init="random", topk=TOPK)
+    return tiny_model(family, name, seed, **config_overrides)
+
+
+def _padding_side(family):
+    return "left" if family in DECODER_ONLY else "right"
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_plugin_softmax_equals_eager_attention(family, padding_side):
+    """The functions around the normalizer (scores, grouped-query heads, masks, T5's bias,
+    output layout) are those of transformers' eager attention: with the plugin's softmax the
+    logits and every gradient agree to 1e-6 in float32."""
+    inputs, masks = tiny_batch(family, padding_side)
+    real = real_queries(family, masks)
+    results = []
+    for implementation in ("eager", "softmax"):
+        model = tiny_model(family, implementation)
+        logits = model(**inputs).logits
+        weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1))
+        (logits * weights)[real].sum().backward()
+        gradients = {name: parameter.grad for name, parameter in model.named_parameters() if parameter.grad is not None}
+        results.append((logits[real].detach(), gradients))
+    (eager_logits, eager_gradients), (plugin_logits, plugin_gradients) = results
+    torch.testing.assert_close(plugin_logits, eager_logits, atol=1e-6, rtol=1e-6)
+    assert plugin_gradients.keys() == eager_gradients.keys()
+    for name, gradient in eager_gradients.items():
+        torch.testing.assert_close(plugin_gradients[name], gradient, atol=1e-6, rtol=1e-6, msg=name)
+
+
+# Large initial weights: peaked scores, so that the sparse maps leave out keys the query sees too.
+_PEAKED = {
+    "marian": {"init_std": 1.0},
+    "bert": {"initializer_range": 1.0},
+    "llama": {"initializer_range": 1.0},
+    "qwen2": {"initializer_range": 1.0},
+    "t5": {"initializer_factor": 20.0},
+}
+
+
+@pytest.mark.parametrize("name", SPARSE)
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_sparse_weights_are_exact_zeros_on_unseen_keys(family, name):
+    """output_attentions returns the sparse weights: exactly 0 on padded and future keys,
+    rows summing to 1, some seen keys at exactly 0 too, and top-k keeping at most k keys."""
+    model = _sparse_model(family, name, **_PEAKED[family])
+    inputs, masks = tiny_batch(family, _padding_side(family))
+    outputs = model(**inputs, output_attentions=True)
+    zeros_among_seen = 0
+    for output_name, seen in seen_keys(family, masks).items():
+        for weights in getattr(outputs, output_name):
+            seen_here = seen.expand_as(weights)
+            assert torch.all(weights[~seen_here] == 0), output_name
+            has_keys = seen_here.any(-1)
+            sums = weights.sum(-1)
+            torch.testing.assert_close(sums[has_keys], torch.ones_like(sums[has_keys]), atol=1e-5, rtol=0)
+            assert torch.all(sums[~has_keys] == 0)  # a left-padded query sees no key at all
+            zeros_among_seen += int((weights[seen_here] == 0).sum())
+            if name == "topk":
+                assert int((weights > 0).sum(-1).max()) <= TOPK
+    assert zeros_among_seen > 0
+
+
+@pytest.mark.parametrize("family", sorted(set(ENCODER_DECODERS) | set(DECODER_ONLY)))
+def test_future_keys_are_masked_without_padding(family):
+    """Without padding, transformers' sdpa mask would leave the causal mask to sdpa's is_causal;
+    the mask function registered here builds it."""
+    model = tiny_model(family, "entmax15")
+    inputs, _ = tiny_batch(family)
+    unpadded = {key: value[:1] for key, value in inputs.items() if not key.endswith("attention_mask")}
+    outputs = model(**unpadded, output_attentions=True)
+    decoder = outputs.decoder_attentions if family in ENCODER_DECODERS else outputs.attentions
+    for weights in decoder:
+        future = torch.ones(weights.shape[-2:], dtype=torch.bool).triu(1)
+        assert torch.all(weights[..., future] == 0)
+
+
+def test_topk_fraction_keeps_a_share_of_the_seen_keys():
+    """topk_fraction F keeps max(topk_min, ceil(F n)) keys of the n a query sees."""
+    model = sparse_hf.sparsify(tiny_model("llama", "eager"), "topk", topk_fraction=0.5, topk_min=2)
+    inputs, masks = tiny_batch("llama", "left")
+    outputs = model(**inputs, output_attentions=True)
+    seen = seen_keys("llama", masks)["attentions"]
+    expected = torch.ceil(seen.sum(-1) * 0.5).clamp(min=2).minimum(seen.sum(-1))
+    for weights in outputs.attentions:
+        assert torch.equal((weights > 0).sum(-1), expected.expand(-1, weights.shape[1], -1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["entmax15", "alpha_entmax", "topk"])
+@pytest.mark.parametrize("family", sorted(set(ENCODER_DECODERS) | {"llama"}))
+def test_greedy_generation_with_the_cache_equals_generation_without(family, name):
+    """Decoding one token at a time against the KV cache (and the cross-attention's cached keys)
+    gives the tokens that recomputing the whole prefix gives."""
+    model = _sparse_model(family, name, **_PEAKED[family])
+    inputs, _ = tiny_batch(family, _padding_side(family))
+    inputs = {key: inputs[key] for key in ("input_ids", "attention_mask")}
+    generated = [
+        model.generate(**inputs, max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1, use_cache=cache)
+        for cache in (True, False)
+    ]
+    torch.testing.assert_close(generated[0], generated[1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_dropout_drops_weights_in_training_only(family):
+    """In training mode each weight is dropped or scaled by 1 / (1 - p), as eager attention does;
+    in eval mode none is."""
+    dropout = {"bert": {"attention_probs_dropout_prob": 0.5}, "llama": {"attention_dropout": 0.5}}[family]
+    model = tiny_model(family, "entmax15", **dropout)
+    inputs, _ = tiny_batch(family, _padding_side(family))
+    evaluated = model(**inputs, output_attentions=True).attentions[0]
+    assert torch.equal(model(**inputs, output_attentions=True).attentions[0], evaluated)
+    model.train()
+    torch.manual_seed(0)
+    trained = model(**inputs, output_attentions=True).attentions[0]  # the first layer's inputs do not depend on dropout
+    kept = trained != 0
+    assert (evaluated[~kept] != 0).any(), "dropout dropped nothing"
+    torch.testing.assert_close(trained[kept], evaluated[kept] * 2, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["entmax15", "alpha_entmax"])
+def test_half_precision_normalises_in_float32(name):
+    """A bfloat16 model gets bfloat16 weights, finite, exactly 0 where masked, within bfloat16's
+    precision of the float32 model's (the scores are normalised in float32)."""
+    inputs, masks = tiny_batch("llama", "left")
+    seen = seen_keys("llama", masks)["attentions"]
+    weights = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _sparse_model("llama", name).to(dtype)
+        weights[dtype] = model(**inputs, output_attentions=True).attentions
+    for full, half in zip(weights[torch.float32], weights[torch.bfloat16]):
+        assert half.dtype == torch.bfloat16 and torch.isfinite(half).all()
+        assert torch.all(half[~seen.expand_as(half)] == 0)
+        torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=0)
+
+
+def test_every_normalizer_is_registered_with_its_mask():
+    """Each name is an attention implementation of transformers with a mask function: without
+    one, transformers would give the model no mask at all."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for name in ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"):
+        assert AttentionInterface._global_mapping[name] is sparse_hf.ATTENTION_FUNCTIONS[name]
+        assert AttentionMaskInterface._global_mapping[name] is sparse_hf.sparse_attention_mask
