@@ -15,24 +15,20 @@
 # its sdist (built there only if the wheel does not import). The versions are those
 # `make setup PYTHON=python3.12` installs. `download --all` adds fairseq's runtime needs that
 # the image already holds (numpy, cython, regex, sacrebleu, tqdm, scikit-learn and their
-# dependencies), for a machine without them: far more than the device tool carries.
+# dependencies), for a machine without them.
 #
-# `install` installs into the Python that runs the check there (PYTHON, default python3, the
-# image's own environment: the machine is thrown away after the session) with
-# `pip install --no-index --find-links .whl`, so that pip takes nothing from an index and uses
-# what the image has where it suffices; then it checks that fairseq and fairseq_entmax import
+# `install` installs into the Python that runs the check (PYTHON, default python3) with
+# `pip install --no-index --find-links .whl`, so that pip takes nothing from an index and keeps
+# what the machine has where it suffices; then it checks that fairseq and fairseq_entmax import
 # and that fairseq-train runs.
 #
-# A GPU session, from the root of its checkout:
-#   1. here: make gpu-wheels gpu-data     (.whl/ and .gpu-data/: ignored by git, carried; about
-#      32 MB and 1 MB)
-#   2. the device tool's run, with carry [".whl", ".gpu-data"] and timeout_s 600, this command
-#      (one line; the check's own budget, 520 s, leaves the install a minute):
-#        set -o pipefail; export PYTHONUNBUFFERED=1; bash benchmarks/gpu_install.sh install 2>&1 | tee $OUT/install.log; make gpu-check PY=python3 GPU_CHECK_ARGS="--data .gpu-data --out $OUT" 2>&1 | tee $OUT/gpu-check.log
-#      The report comes back as $OUT/gpu-check.md and gpu-check.json, the steps' logs as
-#      $OUT/gpu-check-logs.tar.gz, beside install.log and gpu-check.log. The check runs even
-#      when the install failed: its environment step then says what does not import.
-#   3. give_back, unless a step is rerun at once (`--steps NAME ...` runs only those).
+# The whole check: `make gpu-wheels gpu-data` here, .whl/ and .gpu-data/ copied into the GPU
+# machine's checkout, then from its root (the check's own budget, 520 s, leaves the install a
+# minute of a 10-minute slot):
+#   bash benchmarks/gpu_install.sh install; make gpu-check PY=python3 GPU_CHECK_ARGS="--data .gpu-data --out OUT"
+# OUT then holds gpu-check.md, gpu-check.json and the steps' logs (gpu-check-logs.tar.gz). The
+# check runs even when the install failed: its environment step says what does not import.
+# `--steps NAME ...` in GPU_CHECK_ARGS runs only those steps.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

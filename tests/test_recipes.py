@@ -144,8 +144,8 @@ def test_a_model_trained_before_a_setting_existed_is_that_settings_default(tmp_p
 
 
 def test_training_time_is_on_disk_while_the_model_trains(tmp_path, monkeypatch):
-    """A training killed with no chance to clean up (a session's end) still leaves the time it
-    spent, to which its resumed run adds."""
+    """A training killed with no chance to clean up (a SIGKILL at a job's time limit) still
+    leaves the time it spent, to which its resumed run adds."""
     save_dir = tmp_path / "softmax-seed1"
     on_disk = []
 

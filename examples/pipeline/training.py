@@ -316,7 +316,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
 
     def show(line):
         # Kept at every log line, so that a resumed run reports its total training time even
-        # after a kill that skips the `finally` below (SIGTERM, SIGKILL at a session's end).
+        # after a kill that skips the `finally` below (a SIGKILL, e.g. at a job's time limit).
         record_time()
         return progress(line)
 
