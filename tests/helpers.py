@@ -7,14 +7,13 @@ are here, for train_tiny; conftest imports the first and the last, and most test
 them from conftest.
 """
 
-import os
 import random
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
+from examples.pipeline.tools import run_logged
 from fairseq_entmax import USER_DIR  # the tests import it from here too
 
 BIN_DIR = Path(sys.executable).parent
@@ -74,24 +73,26 @@ def fairseq_command(name):
 
 
 def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
-    """Run a command, capturing its output; on failure the error shows the command and its output."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    full_env.update(env or {})
-    proc = subprocess.run(
-        [str(a) for a in args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=full_env,
-        input=input,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n"
-            f"--- stdout ---\n{proc.stdout[-5000:]}\n--- stderr ---\n{proc.stderr[-5000:]}"
-        )
-    return proc
+    """Run a command through the project's one runner (examples.pipeline.tools.run_logged), its
+    output captured, with one BLAS thread (the suite's commands share the machine's cores).
+
+    Args:
+        args: the command and its arguments.
+        check: raise when it exits non-zero.
+        timeout: seconds.
+        cwd: the folder it runs in.
+        env: environment variables to set on top of this process's.
+        input: text typed into its stdin.
+
+    Returns:
+        The finished command (tools.Finished: returncode, stdout, stderr).
+
+    Raises:
+        ToolError: it failed (with check) or ran past the timeout; the message shows the command
+            and the end of its output.
+    """
+    threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return run_logged(args, env={**threads, **(env or {})}, cwd=cwd, timeout=timeout, input=input, check=check)
 
 
 def train_tiny(data_bin, save_dir, *arguments, model_args=TINY_MODEL_ARGS, **run_options):
@@ -138,7 +139,7 @@ def run_on_model(command, model, *arguments, **run_options):
         **run_options: passed to run (input, check, ...).
 
     Returns:
-        The finished process (subprocess.CompletedProcess), as run returns it.
+        The finished command, as run returns it.
     """
     return run_on_checkpoint(command, model.data_bin, model.checkpoint, *arguments, **run_options)
 
@@ -148,7 +149,7 @@ def run_on_checkpoint(command, data_bin, checkpoint, *arguments, **run_options):
     own fairseq-train run): `command DATA-BIN --user-dir ... --path CHECKPOINT *arguments`.
 
     Returns:
-        The finished process (subprocess.CompletedProcess), as run returns it.
+        The finished command, as run returns it.
     """
     return run(
         [fairseq_command(command), data_bin, "--user-dir", USER_DIR, "--path", checkpoint, *arguments],
@@ -166,7 +167,7 @@ def run_analyze(data_bin, output_dir, *arguments, **run_options):
         **run_options: passed to run.
 
     Returns:
-        The finished process (subprocess.CompletedProcess), as run returns it.
+        The finished command, as run returns it.
     """
     command = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", USER_DIR, "--cpu"]
     return run([*command, *arguments, "--output-dir", output_dir], **run_options)
@@ -183,7 +184,7 @@ def run_interactive(data_bin, checkpoint, sources, *arguments, **run_options):
         **run_options: passed to run.
 
     Returns:
-        The finished process (subprocess.CompletedProcess), as run returns it.
+        The finished command, as run returns it.
     """
     return run_on_checkpoint(
         "fairseq-interactive",

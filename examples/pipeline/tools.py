@@ -4,9 +4,13 @@ whose message says what is wrong and what to do; a failing tool raises ToolError
 of its log. `run_reporting_errors` turns them into a message and an exit status."""
 
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 BIN_DIR = Path(sys.executable).parent
@@ -93,47 +97,183 @@ def use_cpu():
     return not torch.cuda.is_available()
 
 
-def run_logged(args, log_path, show=None, env=None):
-    """Run a command, appending all its output to a log file.
+@dataclass
+class Finished:
+    """A command that ran to its end.
+
+    Attributes:
+        args: the command and its arguments, as run.
+        returncode: its exit status.
+        stdout: what it wrote to stdout.
+        stderr: what it wrote to stderr.
+        peak_rss_mib: the peak resident set size of its process, MiB (os.wait4's ru_maxrss).
+    """
+
+    args: list
+    returncode: int
+    stdout: str
+    stderr: str
+    peak_rss_mib: float
+
+    @property
+    def output(self):
+        """stdout, then stderr, for reading the lines a tool logs to either."""
+        return self.stdout + self.stderr
+
+
+def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=None, input=None, check=True):
+    """Run a command, its output captured and appended to a log file as it comes.
 
     Args:
         args: the command and its arguments (str() each).
-        log_path: the log file, appended to.
+        log_path: the log file, appended to, or None (no log).
         show: a function of each output line; a line for which it returns a string prints
             that string as progress (None: nothing is printed).
         env: environment variables to set for the command, on top of this process's.
+        cwd: the folder it runs in (None: this process's).
+        timeout: seconds, or None; past it the command and every process it started are killed.
+        input: text typed into its stdin, or None (stdin then reads nothing).
+        check: raise ToolError when it exits non-zero.
+
+    Returns:
+        Finished: its exit status, output and peak memory.
 
     Raises:
-        ToolError: the command failed; the message holds the log's last lines.
+        ToolError: it ran past the timeout, or (with check) failed; the message names the
+            command and holds the last lines of its output.
     """
-    log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     args = [str(a) for a in args]
-    # Line-buffered: the log shows each line as it comes (for a user following it, and for a
-    # resume test that interrupts once a checkpoint has been logged).
-    with open(log_path, "a", encoding="utf-8", buffering=1) as log_file:
+    log_file = None
+    if log_path is not None:
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        # Line-buffered: the log shows each line as it comes (for a user following it, and for a
+        # resume test that interrupts once a checkpoint has been logged).
+        log_file = open(log_path, "a", encoding="utf-8", buffering=1)
         log_file.write("$ " + " ".join(args) + "\n")
-        log_file.flush()
-        proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            # Unbuffered, so fairseq's log lines arrive (and show) as they are written.
-            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
-            bufsize=1,
-        )
-        try:
-            for line in proc.stdout:
+    deadline = None if timeout is None else time.monotonic() + max(timeout, 1)
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        text=True,
+        cwd=cwd,
+        # Unbuffered, so fairseq's log lines arrive (and show) as they are written.
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+        bufsize=1,
+        # A session of its own when it has a time limit: the limit kills the whole group (a
+        # tool's workers too); without one, Ctrl-C in a terminal reaches the tool itself.
+        start_new_session=timeout is not None,
+    )
+    lines = queue.Queue()
+    readers = [
+        threading.Thread(target=_read_lines, args=(stream, name, lines), daemon=True)
+        for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+    ]
+    for reader in readers:
+        reader.start()
+    if input is not None:
+        threading.Thread(target=_type_into, args=(proc.stdin, input), daemon=True).start()
+    captured = {"stdout": [], "stderr": []}
+    try:
+        open_streams = 2
+        while open_streams:
+            try:
+                name, line = lines.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+            except queue.Empty:
+                raise _timed_out(args, timeout, captured) from None
+            if line is None:
+                open_streams -= 1
+                continue
+            captured[name].append(line)
+            if log_file is not None:
                 log_file.write(line)
-                shown = show(line) if show else None
-                if shown:
-                    print("    " + shown, flush=True)
-            returncode = proc.wait()
-        except BaseException:
+            shown = show(line) if show else None
+            if shown:
+                print("    " + shown, flush=True)
+        status, usage = _wait(proc, deadline)
+        if status is None:
+            raise _timed_out(args, timeout, captured)
+    except BaseException:
+        _kill(proc)
+        raise
+    finally:
+        if log_file is not None:
+            log_file.close()
+    finished = Finished(
+        args,
+        os.waitstatus_to_exitcode(status),
+        "".join(captured["stdout"]),
+        "".join(captured["stderr"]),
+        usage.ru_maxrss / 1024,
+    )
+    if check and finished.returncode != 0:
+        where = f"; full log in {log_path}" if log_path is not None else ""
+        raise ToolError(
+            f"{Path(args[0]).name} failed (exit {finished.returncode}){where}: {' '.join(args)}\n{_tail(captured)}"
+        )
+    return finished
+
+
+def _read_lines(stream, name, lines):
+    """Put each line of a stream on a queue as (name, line), then (name, None) at its end."""
+    for line in stream:
+        lines.put((name, line))
+    stream.close()
+    lines.put((name, None))
+
+
+def _type_into(stdin, text):
+    """Write text to a process's stdin and close it (a process that exits early is no error)."""
+    try:
+        stdin.write(text)
+        stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+def _wait(proc, deadline):
+    """Reap a process whose output has ended, by the deadline.
+
+    Returns:
+        (its wait status, its resource usage), or (None, None) past the deadline.
+    """
+    while True:
+        pid, status, usage = os.wait4(proc.pid, 0 if deadline is None else os.WNOHANG)
+        if pid:
+            # Reaped here: Popen must not wait for it again.
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return status, usage
+        if time.monotonic() > deadline:
+            return None, None
+        time.sleep(0.02)
+
+
+def _kill(proc):
+    """Kill a process (and its group, where it has one of its own) and reap it."""
+    if proc.returncode is not None:
+        return
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
             proc.kill()
-            proc.wait()
-            raise
-    if returncode != 0:
-        tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-25:])
-        raise ToolError(f"{Path(args[0]).name} failed (exit {returncode}); full log in {log_path}; last lines:\n{tail}")
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _timed_out(args, timeout, captured):
+    """The ToolError of a command stopped at its time limit."""
+    return ToolError(f"{Path(args[0]).name} timed out after {timeout:.0f}s: {' '.join(args)}\n{_tail(captured)}")
+
+
+def _tail(captured, lines=25, width=300):
+    """The last lines of a command's stdout and of its stderr, each cut to a width."""
+    parts = []
+    for name, chunks in captured.items():
+        last = "".join(chunks).splitlines()[-lines:]
+        if last:
+            parts.append(f"--- {name} (last lines) ---\n" + "\n".join(line[:width] for line in last))
+    return "\n".join(parts) or "(no output)"
