@@ -57,14 +57,14 @@ format: setup
 	$(RUFF) format .
 
 bench: setup
-	$(PY) benchmarks/normalizers.py --rounds 5 --threads 1
+	$(PY) -m benchmarks.normalizers --rounds 5 --threads 1
 
 # The normalizer benchmark of the working tree against the commit REF, in fresh processes that
 # alternate between the two (benchmarks/compare_revisions.py): run it before a change to a
 # normalizer lands. BENCH_COMPARE_ARGS adds options, e.g. --threads 1 --clock cpu on a busy machine.
 bench-compare: setup
 	@test -n "$(REF)" || { echo "usage: make bench-compare REF=<commit> [BENCH_COMPARE_ARGS=...]"; exit 2; }
-	$(PY) benchmarks/compare_revisions.py $(REF) --max-ratio 1.10 $(BENCH_COMPARE_ARGS)
+	$(PY) -m benchmarks.compare_revisions $(REF) --max-ratio 1.10 $(BENCH_COMPARE_ARGS)
 
 # The GPU check (benchmarks/gpu_check.py): on a CUDA machine, the GPU-only tests and every
 # GPU benchmark in one report; without a CUDA device it stops at once, exit status 2. Not
@@ -73,7 +73,7 @@ bench-compare: setup
 GPU_CHECK_ARGS ?= --data .gpu-data --out gpu-check-out
 gpu-check:
 	@command -v $(PY) >/dev/null || { echo "$(PY) not found: run make setup (or, offline, bash benchmarks/gpu_install.sh install)"; exit 2; }
-	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+	$(PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # Real text for the GPU check: the first lines of a shared corpus, with its SOURCE.txt (origin
 # and licence), copied into .gpu-data/, which git ignores (data is never committed) and which

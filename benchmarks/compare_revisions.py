@@ -1,6 +1,6 @@
 """The normalizer benchmark for the working tree against another commit, side by side.
 
-Runs benchmarks/normalizers.py (this tree's script, our normalizers only, no memory columns)
+Runs benchmarks.normalizers (this tree's module, our normalizers only, no memory columns)
 in fresh processes that import fairseq_entmax alternately from the working tree and from REF
 (exported with `git archive` into a temporary folder). Each round of processes runs both, in an
 order that alternates from round to round, so that the machine's drift falls on both alike.
@@ -8,7 +8,7 @@ Prints, per shape and normalizer, the median milliseconds of each and the ratio 
 REF (the median over rounds, with its range): below 1, the working tree is faster.
 
 Run before a change to a normalizer lands (`make bench-compare REF=<commit>`):
-    python benchmarks/compare_revisions.py REF [--process-rounds 3] [--rounds 7] [--threads 2]
+    python -m benchmarks.compare_revisions REF [--process-rounds 3] [--rounds 7] [--threads 2]
         [--shapes 128x128x128 32x512x512] [--clock {wall,cpu}] [--max-ratio 1.10]
 With --max-ratio, the exit status is 1 when a normalizer's median ratio exceeds it.
 """
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-BENCHMARK = REPOSITORY / "benchmarks" / "normalizers.py"
+BENCHMARK = "benchmarks.normalizers"
 DEFAULT_SHAPES = ["128x128x128", "32x512x512"]
 
 
@@ -83,8 +83,9 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     Raises:
         SystemExit: the process failed or imported fairseq_entmax from elsewhere.
     """
-    # Run from package_root: `python -c` puts the current folder before PYTHONPATH.
-    env = dict(os.environ, PYTHONPATH=str(package_root))
+    # Run from package_root: `python -c` and `-m` put the current folder before PYTHONPATH.
+    # REPOSITORY after it: this tree's benchmarks package, which REF's export does not hold.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package_root), str(REPOSITORY)]))
     where = subprocess.run(
         [sys.executable, "-c", "import fairseq_entmax; print(fairseq_entmax.__file__)"],
         env=env,
@@ -94,7 +95,7 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(Path(package_root).resolve()):
         raise SystemExit(f"error: fairseq_entmax imports from {where!r}, not from {package_root}")
-    command = [sys.executable, str(BENCHMARK), "--ours-only", "--no-memory", "--json", str(output)]
+    command = [sys.executable, "-m", BENCHMARK, "--ours-only", "--no-memory", "--json", str(output)]
     command += ["--rounds", str(rounds), "--threads", str(threads), "--clock", clock, "--shapes", *shapes]
     done = subprocess.run(command, env=env, cwd=package_root, capture_output=True, text=True)
     if done.returncode != 0:

@@ -7,9 +7,9 @@ last update only. Here each reset first records the peak it is about to clear; t
 those and of the peak at exit is written, as JSON {"peak_allocated_bytes": N}, when the
 process ends (also when the command fails or exits early).
 
-    python benchmarks/cuda_peak_memory.py OUT.json fairseq_cli.train DATA-BIN [fairseq-train options]
+    python -m benchmarks.cuda_peak_memory OUT.json fairseq_cli.train DATA-BIN [fairseq-train options]
 
-benchmarks/training.py runs fairseq-train this way on a GPU.
+python -m benchmarks.training runs fairseq-train this way on a GPU.
 """
 
 import atexit

@@ -11,7 +11,7 @@ alike; "speed-up" is the package's
 median over the drop-in's. "max |diff|" is the largest difference of the outputs (the package's
 bisection runs its default 50 steps).
 
-Run:  python benchmarks/entmax_dropin.py [--rounds N] [--threads N]
+Run:  python -m benchmarks.entmax_dropin [--rounds N] [--threads N]
 """
 
 import argparse
@@ -22,10 +22,9 @@ import time
 
 import torch
 
+# the normalizer benchmark's machine description
+from benchmarks.normalizers import machine_description
 from fairseq_entmax import entmax as dropin
-
-# benchmarks/normalizers.py, beside this script: the same machine description
-from normalizers import machine_description
 
 try:
     import entmax as package

@@ -9,8 +9,8 @@ generation settings as benchmarks/training.py (beam 5, batches of 16, output for
 fixed length) make the runs comparable; a softmax checkpoint of this package gives the floor.
 On a GPU every timed call is synchronised, which slows the run a little.
 
-    python benchmarks/training.py --settings long-small --rounds 1 --work-dir /tmp/ls
-    python benchmarks/generation_breakdown.py /tmp/ls/long-small/bin \
+    python -m benchmarks.training --settings long-small --rounds 1 --work-dir /tmp/ls
+    python -m benchmarks.generation_breakdown /tmp/ls/long-small/bin \
         --path /tmp/ls/long-small/*_r0/checkpoint_last.pt --len 60
 """
 

@@ -12,7 +12,7 @@ time is fairseq's own "Translated N sentences ... in Xs", which leaves out loadi
 
     # the reduced-scale reproduction's seed-1 models (docs/reproduction.md)
     W=../runs/reproduction-converged
-    python benchmarks/generation_speed.py --data-bin $W/data-bin --lenpen 0 \\
+    python -m benchmarks.generation_speed --data-bin $W/data-bin --lenpen 0 \\
         softmax=$W/models/softmax-seed1/checkpoint_best.pt \\
         sparsemax=$W/models/sparsemax-seed1/checkpoint_best.pt \\
         entmax15=$W/models/entmax15-seed1/checkpoint_best.pt \\
@@ -28,11 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-from examples.pipeline.evaluation import generate_command  # noqa: E402
-from training import machine, run  # noqa: E402
+from benchmarks.training import machine
+from examples.pipeline.evaluation import generate_command
+from examples.pipeline.tools import run_logged, run_reporting_errors
 
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
 
@@ -69,7 +67,7 @@ def translate(data_bin, checkpoint, subset, out_dir, beam, lenpen, device, fp16)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     log = Path(out_dir) / "generate.log"
     # fairseq logs the line to its results file or, where logging was set up first, to stderr.
-    text, _ = run(command + (["--fp16"] if fp16 else []), log)
+    text = run_logged(command + (["--fp16"] if fp16 else []), log).output
     match = TRANSLATED.search(text + (Path(out_dir) / f"generate-{subset}.txt").read_text(encoding="utf-8"))
     if match is None:
         sys.exit(f"no 'Translated N sentences' line in fairseq-generate's output ({log})")
@@ -168,4 +166,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    # A failed fairseq-generate: its message and the end of its output, exit status 1.
+    sys.exit(run_reporting_errors(lambda _: main(), None))

@@ -1,29 +1,13 @@
 """The GPU check: on a CUDA machine, in under 10 minutes and with no network, everything about
 the plugin that only a GPU can show, in one report.
 
-Steps (each runs even when an earlier one failed; a failure is recorded in the report, and the
-check then exits 1):
-
-1. environment: GPU, driver, torch, CUDA, Triton, fairseq and this package's versions.
-2. cuda-tests: tests/test_normalizers_cuda.py under pytest (the GPU agrees with the CPU, and
-   forward and backward of every normalizer make no host synchronisation under
-   torch.cuda.set_sync_debug_mode("error")); each test's outcome is reported.
-3. attention-sync: the attention layer's normalizer step, the module SparseMultiheadAttention
-   calls on its scores (softmax, sparsemax, 1.5-entmax, learned alpha-entmax, top-k), forward
-   and backward in float32 and float16, under torch.cuda.set_sync_debug_mode("error").
-4. normalizers-<dtype>: benchmarks/normalizers.py --device cuda in float32, bfloat16 and
-   float16 (against torch.softmax and, where installed, the entmax package).
-5. round-trip: a small learned alpha-entmax model trained with fairseq-train on the given text,
-   then fairseq-generate and fairseq-interactive from its checkpoint.
-6. training: benchmarks/training.py --device cuda --fp16 at the paper's Transformer-base size on
-   the given text: training words/s and peak GPU memory of softmax, sparsemax, 1.5-entmax,
-   learned alpha-entmax and top-k, and fairseq-generate sentences/s, each as a ratio to softmax.
-7. training-compiled: the same trainings (no generation) with --compile-normalizers, in a run
-   of their own beside softmax: the first run's figures stand when this one runs out of time.
+Every step runs even when an earlier one failed; a failure is recorded in the report, and the
+check then exits 1. The steps are those of STEPS, listed with their time limits by --help and
+by the refusal below.
 
 The text is a folder with train.de and train.en, line-aligned (--data): a few thousand lines
 are enough. `make gpu-data` copies them from ../shared/data into .gpu-data/ (ignored by git),
-which travels to a GPU machine as it is.
+which can be copied to a GPU machine as it is.
 
 Writes gpu-check.md and gpu-check.json (every figure and ratio, and what failed) and a tarball
 of the logs into --out, and prints the report. Without a CUDA device it stops at once, exit
@@ -31,12 +15,12 @@ status 2, saying what it would have run. --cpu-tiny runs the same steps at tiny 
 CPU instead, the compiled trainings excepted: no measurement, a check of the check itself
 (tests/test_gpu_check.py).
 
-    python benchmarks/gpu_check.py --data .gpu-data --out gpu-check-out
+    python -m benchmarks.gpu_check --data .gpu-data --out gpu-check-out
     make gpu-check GPU_CHECK_ARGS="--data .gpu-data --out gpu-check-out"
-    python benchmarks/gpu_check.py --cpu-tiny --data DIR --out DIR
+    python -m benchmarks.gpu_check --cpu-tiny --data DIR --out DIR
 
-benchmarks/gpu_install.sh installs what it needs on the GPU machine, offline, and says how a
-session with a GPU runs it.
+On a GPU machine without network, benchmarks/gpu_install.sh installs what the check needs from
+wheels downloaded beforehand (`make gpu-wheels`).
 """
 
 import argparse
@@ -45,67 +29,91 @@ import os
 import platform
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-# This checkout's package, before any installed one (its commands get the same, subprocess_env).
-sys.path.insert(0, str(ROOT))
+from examples.pipeline.tools import ToolError, run_logged
+
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = ROOT / ".gpu-data"
 DTYPES = ["float32", "bfloat16", "float16"]
-# The attention layer's normalizers, as build_normalizer names them, with their options.
-LAYER_NORMALIZERS = [
-    ("softmax", {}),
-    ("sparsemax", {}),
-    ("entmax15", {}),
-    ("alpha_entmax", {}),
-    ("topk", {"topk": 8}),
-    ("topk", {"topk_fraction": 0.3}),
-]
 # The training benchmark's second run: the sparse models with --compile-normalizers only.
-COMPILED_ARGS = "--compile --only-compiled --generate none"
+COMPILED_ARGS = ["--compile", "--only-compiled", "--generate", "none"]
 # Seconds kept for each later step when a step's time limit is set: no step can starve the
 # ones after it of the whole budget.
 RESERVE_S = 20
 
-# What each step runs, at full size (GPU) and at tiny size (--cpu-tiny). The round trip's
-# model: 2+2 layers of width 256, the paper's learned alpha-entmax.
-FULL = dict(
+
+@dataclass(frozen=True)
+class Size:
+    """What the steps run at one size: full (on the GPU) or tiny (--cpu-tiny, on the CPU).
+
+    Attributes:
+        device: "cuda" or "cpu".
+        pytest_args: extra arguments of the cuda-tests step's pytest.
+        normalizer_args: benchmarks.normalizers' arguments.
+        round_trip_size: the round trip model's fairseq-train size options.
+        round_trip_updates: its training updates.
+        round_trip_lines: its corpus lines.
+        training_args: benchmarks.training's arguments.
+        skip: {step name: why it is skipped at this size}.
+        budget_s: the default seconds for all the steps together.
+    """
+
+    device: str
+    pytest_args: list
+    normalizer_args: list
+    round_trip_size: list
+    round_trip_updates: int
+    round_trip_lines: int
+    training_args: list
+    skip: dict
+    budget_s: int
+
+
+def _model_size(layers, dim, ffn, heads):
+    """fairseq-train's size options, the same for encoder and decoder."""
+    return [
+        option
+        for side in ("encoder", "decoder")
+        for option in (f"--{side}-layers", str(layers), f"--{side}-embed-dim", str(dim))
+        + (f"--{side}-ffn-embed-dim", str(ffn), f"--{side}-attention-heads", str(heads))
+    ]
+
+
+# The round trip's model at full size: 2+2 layers of width 256, the paper's learned alpha-entmax.
+FULL = Size(
     device="cuda",
     pytest_args=[],
     normalizer_args=["--rounds", "5"],
-    round_trip_size=["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "256"]
-    + ["--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024"]
-    + ["--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+    round_trip_size=_model_size(2, 256, 1024, 4),
     round_trip_updates=300,
     round_trip_lines=3000,
     training_args=["--settings", "paper-size", "--fp16", "--rounds", "1", "--gen-repeats", "1", "--updates", "20"]
-    + ["--lines", "3900", "--models", "sparsemax", "1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"],
+    + ["--lines", "3900", "--models", "sparsemax", "entmax15", "alpha_entmax", "topk"],
     skip={},
     budget_s=520,
 )
-TINY = dict(
+TINY = Size(
     device="cpu",
     # one CPU test of the file: the run and its report, not the tests themselves
     pytest_args=["-k", "alpha_given"],
     normalizer_args=["--rounds", "1", "--shapes", "16x8x8", "--threads", "1"],
-    round_trip_size=["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32"]
-    + ["--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64"]
-    + ["--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
+    round_trip_size=_model_size(1, 32, 64, 4),
     round_trip_updates=6,
     round_trip_lines=200,
     # generation's speed not measured (fairseq-generate runs in round-trip): each fairseq
     # command costs seconds of CPU at start-up, and the check of the check should be quick
-    training_args=["--settings", "tiny", "--models", "top-k (k=8)", "--rounds", "1", "--generate", "none"]
+    training_args=["--settings", "tiny", "--models", "topk", "--rounds", "1", "--generate", "none"]
     + ["--updates", "10", "--lines", "300"],
     # Inductor's C++ build would take the CPU for longer than the rest of the check;
     # tests/test_fairseq_compile.py compiles through fairseq on the CPU.
@@ -114,91 +122,64 @@ TINY = dict(
 )
 
 
-def step_list(size):
-    """The steps, in the order they run.
+@dataclass
+class Context:
+    """What a step's run is given.
 
-    Args:
+    Attributes:
+        name: the step's name (its files in work are named after it).
         size: FULL or TINY.
-
-    Returns:
-        A list of (name, what it runs, its longest run in seconds).
+        data: the folder with train.de and train.en.
+        work: where the steps write their logs and results.
+        timeout: the seconds this step may take.
     """
-    device = size["device"]
-    training_args = " ".join(f"'{a}'" if " " in a else a for a in size["training_args"])
-    return [
-        ("environment", "versions of the GPU's driver, torch, CUDA, Triton, fairseq and this package", 60),
-        ("cuda-tests", "pytest tests/test_normalizers_cuda.py (agreement with the CPU, no host sync)", 150),
-        ("attention-sync", "the attention layer's normalizer step under set_sync_debug_mode('error')", 90),
-        *(
-            (f"normalizers-{dtype}", f"benchmarks/normalizers.py --device {device} --dtype {dtype} --json", 90)
-            for dtype in DTYPES
-        ),
-        ("round-trip", "fairseq-train of a small model, then fairseq-generate and fairseq-interactive", 150),
-        ("training", f"benchmarks/training.py --device {device} {training_args}", 300),
-        ("training-compiled", f"benchmarks/training.py --device {device} {training_args} {COMPILED_ARGS}", 300),
-    ]
+
+    name: str
+    size: Size
+    data: Path
+    work: Path
+    timeout: float
 
 
 class StepFailed(Exception):
-    """A step's command failed; the message says how."""
+    """A step failed; the message says how, and partial holds what it measured before."""
+
+    def __init__(self, message, partial=None):
+        super().__init__(message)
+        self.partial = partial
 
 
-def subprocess_env():
-    """The environment of the commands run: this checkout's package first on the path, Python
-    output unbuffered (a command stopped at its time limit leaves its log whole)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def run_command(args, log, timeout, stdin_text=None, env=None):
-    """Run a command with its output in a log; its whole process group is killed at the limit.
+def run_command(context, args, log_name=None, timeout=None, input=None, check=True):
+    """Run a step's command from the repository root, its output in the step's log.
 
     Args:
+        context: the step's Context.
         args: the command and its arguments.
-        log: the file stdout and stderr go to.
-        timeout: seconds.
-        stdin_text: text typed into it, or None.
-        env: extra environment variables.
+        log_name: the log's file name in context.work (default: "<step>.log").
+        timeout: seconds (default: the step's time limit, context.timeout).
+        input: text typed into it, or None.
+        check: raise ToolError when it exits non-zero.
 
     Returns:
-        Its output (the log's text).
+        tools.Finished.
 
     Raises:
-        StepFailed: it exited non-zero or ran past the limit (the log's end in the message).
+        ToolError: it failed (with check) or ran past the step's time limit.
     """
-    full_env = subprocess_env()
-    full_env.update(env or {})
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [str(a) for a in args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-            cwd=ROOT,
-            env=full_env,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            proc.communicate(stdin_text, timeout=max(timeout, 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise StepFailed(f"timed out after {timeout:.0f}s: {' '.join(map(str, args))}\n{tail(log)}") from None
-    if proc.returncode != 0:
-        raise StepFailed(f"exit status {proc.returncode}: {' '.join(map(str, args))}\n{tail(log)}")
-    return Path(log).read_text(errors="replace")
-
-
-def tail(path, lines=25, width=300):
-    """The last lines of a file, each cut to a width, for a failure's message."""
-    text = Path(path).read_text(errors="replace") if Path(path).exists() else ""
-    return "\n".join(line[:width] for line in text.splitlines()[-lines:])
+    return run_logged(
+        args,
+        context.work / (log_name or f"{context.name}.log"),
+        # This checkout's package and benchmarks, before any installed ones.
+        env={"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)},
+        cwd=ROOT,
+        timeout=context.timeout if timeout is None else timeout,
+        input=input,
+        check=check,
+    )
 
 
 def environment(context):
-    """Step 1: what ran where.
+    """What ran where: the environment step.
 
     Returns:
         The versions (None where one is not installed or not found).
@@ -219,11 +200,8 @@ def environment(context):
         found["gpu_capability"] = f"{properties.major}.{properties.minor}"
     smi = shutil.which("nvidia-smi")
     if smi:
-        query = subprocess.run(
-            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
+        query = run_logged(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], timeout=30, check=False
         )
         if query.returncode == 0 and query.stdout.strip():
             name, driver, memory = (part.strip() for part in query.stdout.splitlines()[0].split(","))
@@ -234,7 +212,7 @@ def environment(context):
         except Exception as error:  # any failure to import is what is reported
             found[module] = None
             found[f"{module}_error"] = f"{type(error).__name__}: {error}"
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = run_logged(["git", "rev-parse", "HEAD"], cwd=ROOT, timeout=30, check=False)
     found["commit"] = commit.stdout.strip() if commit.returncode == 0 else None
     if found["fairseq"] is None or found["fairseq_entmax"] is None:
         raise StepFailed("fairseq or fairseq_entmax does not import: " + json.dumps(found))
@@ -242,29 +220,24 @@ def environment(context):
 
 
 def cuda_tests(context):
-    """Step 2: tests/test_normalizers_cuda.py under pytest, outside this suite's conftest (the
-    file needs only torch, numpy and pytest).
+    """tests/test_normalizers_cuda.py under pytest, outside this suite's conftest (the file
+    needs only torch, numpy and pytest).
 
     Returns:
         The counts of outcomes, the failed tests, and the outcome of each no-host-sync test.
     """
-    junit = context["work"] / "cuda-tests.xml"
-    log = context["work"] / "cuda-tests.log"
-    try:
-        run_command(
-            [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rfE"]
-            + ["tests/test_normalizers_cuda.py", "--junitxml", junit, *context["size"]["pytest_args"]],
-            log,
-            context["timeout"],
-            env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])},
-        )
-        failure = None
-    except StepFailed as error:
-        failure = error
+    junit = context.work / "cuda-tests.xml"
+    done = run_command(
+        context,
+        [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rfE"]
+        + ["tests/test_normalizers_cuda.py", "--junitxml", junit, *context.size.pytest_args],
+        check=False,
+    )
+    failure = f"exit status {done.returncode}: {' '.join(done.args)}\n{done.output[-4000:]}"
     if not junit.exists():
-        raise failure or StepFailed("pytest wrote no report")
+        raise StepFailed(failure if done.returncode else "pytest wrote no report")
     found = summarise_tests(read_junit(junit))
-    if failure is not None:
+    if done.returncode != 0:
         raise StepFailed(f"{json.dumps(found)}\n{failure}")
     return found
 
@@ -310,167 +283,62 @@ def read_junit(path):
     return outcomes
 
 
-def attention_sync(context):
-    """Step 3, run in a process of its own (a CUDA error there cannot touch the other steps):
-    see layer_step_synchronisations.
-
-    Returns:
-        {"<normalizer> <options> <dtype>": "no host sync" or the error}.
-    """
-    out = context["work"] / "attention-sync.json"
-    try:
-        run_command(
-            [sys.executable, __file__, "--layer-sync-step", out, "--device", context["size"]["device"]],
-            context["work"] / "attention-sync.log",
-            context["timeout"],
-        )
-    finally:
-        found = json.loads(out.read_text()) if out.exists() else None
-    if found is None:
-        raise StepFailed("the step wrote no results")
-    if any(verdict not in ("no host sync", "ran (the CPU cannot check synchronisation)") for verdict in found.values()):
-        raise StepFailed(json.dumps(found, indent=1))
-    return found
-
-
-def layer_step_synchronisations(device, out):
-    """Forward and backward of the attention layer's normalizer step (the module
-    SparseMultiheadAttention calls on its scores, fairseq_entmax.normalizers.build_normalizer:
-    learned alpha's per-head alphas and clamp, top-k's per-row k) for every normalizer, in
-    float32 and in float16 (fairseq's --fp16), after one warm-up call (a kernel's first launch
-    may synchronise), under torch.cuda.set_sync_debug_mode("error"), which raises on any
-    synchronising call. On the CPU the step runs on the sync-free path and nothing is checked.
-    Writes {case: verdict} to out as each case ends.
-
-    Args:
-        device: "cuda" or "cpu".
-        out: the JSON file written.
-    """
-    import torch
-
-    from fairseq_entmax.normalizers import build_normalizer, sync_free
-
-    cuda = device == "cuda"
-    verdicts = {}
-    heads, queries, keys = 4, 6, 20
-    for dtype in (torch.float32, torch.float16):
-        for normalizer, options in LAYER_NORMALIZERS:
-            case = f"{normalizer} {json.dumps(options)} {str(dtype).replace('torch.', '')}"
-            try:
-                layer = build_normalizer(normalizer, heads, **options).to(device)
-                generator = torch.Generator().manual_seed(0)
-                scores = torch.randn(3 * heads, queries, keys, generator=generator) * 3
-                scores[:heads, :, 15:] = float("-inf")  # padded keys
-                scores[heads, 3] = float("-inf")  # a fully masked row
-                scores = scores.to(device, dtype)
-                upstream = torch.linspace(-1, 1, keys, device=device, dtype=dtype)
-
-                def forward_backward(layer=layer, scores=scores, upstream=upstream):
-                    x = scores.clone().requires_grad_()
-                    (layer(x) * upstream).sum().backward()
-                    return x.grad
-
-                if cuda:
-                    forward_backward()
-                    torch.cuda.synchronize()
-                    torch.cuda.set_sync_debug_mode("error")
-                    try:
-                        grad = forward_backward()
-                    finally:
-                        torch.cuda.set_sync_debug_mode("default")
-                    torch.cuda.synchronize()
-                    verdict = "no host sync"
-                else:
-                    with sync_free():
-                        grad = forward_backward()
-                    verdict = "ran (the CPU cannot check synchronisation)"
-                if not torch.isfinite(grad).all():
-                    verdict = "the gradient is not finite"
-            except Exception as error:  # recorded, and the next case runs
-                verdict = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-            verdicts[case] = verdict
-            Path(out).write_text(json.dumps(verdicts, indent=1) + "\n")
-
-
-def normalizers_step(dtype):
-    """Step 4 for one dtype: benchmarks/normalizers.py.
-
-    Args:
-        dtype: "float32", "bfloat16" or "float16".
-
-    Returns:
-        The step's function of the context, returning the benchmark's JSON.
-    """
-
-    def step(context):
-        out = context["work"] / f"normalizers-{dtype}.json"
-        run_command(
-            [sys.executable, HERE / "normalizers.py", "--device", context["size"]["device"], "--dtype", dtype]
-            + [*context["size"]["normalizer_args"], "--json", out],
-            context["work"] / f"normalizers-{dtype}.log",
-            context["timeout"],
-        )
-        return json.loads(out.read_text())
-
-    return step
-
-
 def round_trip(context):
-    """Step 5: a small model trained on the given text (learned alpha-entmax), then
+    """A small model trained on the given text (learned alpha-entmax), then
     fairseq-generate on its test sentences and fairseq-interactive on three typed ones.
 
     Returns:
         The last training loss, BLEU, the sentences translated by each command and a sample.
     """
-    sys.path.insert(1, str(HERE))
-    import training
-
-    size, work = context["size"], context["work"] / "round-trip"
-    deadline = time.time() + context["timeout"]
-    cuda_args = ["--fp16"] if size["device"] == "cuda" else ["--cpu", "--num-workers", "0"]
-    try:
-        data_bin = training.make_data(context["data"], work, 1, size["round_trip_lines"], 32)
-    except SystemExit as error:
-        raise StepFailed(f"fairseq-preprocess failed: {error}") from None
+    # Imported here: they import fairseq, whose absence the environment step reports.
+    from benchmarks.training import make_data
     from fairseq_entmax import USER_DIR
+
+    size, work = context.size, context.work / context.name
+    deadline = time.time() + context.timeout
+    cuda_args = ["--fp16"] if size.device == "cuda" else ["--cpu", "--num-workers", "0"]
+    data_bin = make_data(context.data, work, 1, size.round_trip_lines, 32)
 
     save_dir = work / "checkpoints"
     log = run_command(
+        context,
         [BIN / "fairseq-train", data_bin, "--user-dir", USER_DIR, "--arch", "adaptively_sparse_transformer"]
-        + [*size["round_trip_size"], "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001"]
+        + [*size.round_trip_size, "--share-all-embeddings", "--optimizer", "adam", "--lr", "0.001"]
         + ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--criterion", "label_smoothed_cross_entropy"]
-        + ["--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", str(size["round_trip_updates"])]
+        + ["--label-smoothing", "0.1", "--max-tokens", "4096", "--max-update", str(size.round_trip_updates)]
         + ["--save-dir", save_dir, "--no-epoch-checkpoints", "--save-interval", "1000", "--validate-interval", "1000"]
         + ["--log-format", "json"]
-        + ["--log-interval", str(max(1, size["round_trip_updates"] // 5)), "--seed", "1", "--no-progress-bar"]
+        + ["--log-interval", str(max(1, size.round_trip_updates // 5)), "--seed", "1", "--no-progress-bar"]
         + cuda_args,
-        work / "train.log",
-        deadline - time.time(),
-    )
+        "round-trip-train.log",
+        timeout=deadline - time.time(),
+    ).output
     losses = [float(json.loads(line[line.index("{") :])["loss"]) for line in log.splitlines() if "train_inner" in line]
     checkpoint = save_dir / "checkpoint_last.pt"
     # Outputs at most as long as the source and 10 tokens: a model this briefly trained may
     # otherwise repeat a word up to fairseq's default of 200 tokens.
     length = ["--max-len-a", "1", "--max-len-b", "10"]
     generated = run_command(
+        context,
         [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--gen-subset", "test"]
         + ["--beam", "5", "--batch-size", "16", "--required-batch-size-multiple", "1", *length, *cuda_args],
-        work / "generate.log",
-        deadline - time.time(),
-    )
+        "round-trip-generate.log",
+        timeout=deadline - time.time(),
+    ).output
     typed = (work / "raw" / "test.de").read_text(encoding="utf-8").splitlines()[:3]
     interactive = run_command(
+        context,
         [BIN / "fairseq-interactive", data_bin, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", "5"]
         + ["--source-lang", "de", "--target-lang", "en", *length, *cuda_args],
-        work / "interactive.log",
-        deadline - time.time(),
-        stdin_text="\n".join(typed) + "\n",
-    )
+        "round-trip-interactive.log",
+        timeout=deadline - time.time(),
+        input="\n".join(typed) + "\n",
+    ).output
     hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", generated, flags=re.M)
     typed_hypotheses = re.findall(r"^H-\d+\t\S+\t(.*)$", interactive, flags=re.M)
     bleu = re.search(r"BLEU4 = ([0-9.]+)", generated)
     found = {
-        "train_updates": size["round_trip_updates"],
+        "train_updates": size.round_trip_updates,
         "train_loss_first_last": [losses[0], losses[-1]] if losses else None,
         "generate_sentences": len(hypotheses),
         "generate_bleu": float(bleu.group(1)) if bleu else None,
@@ -484,45 +352,240 @@ def round_trip(context):
     return found
 
 
-def training_step(name, extra_args):
-    """Steps 6 and 7: benchmarks/training.py.
-
-    Args:
-        name: the step's name (its files are named after it).
-        extra_args: arguments after the size's training_args.
+def attention_sync(context):
+    """benchmarks.attention_sync, in a process of its own (a CUDA error there cannot touch the
+    other steps).
 
     Returns:
-        The step's function of the context, returning the benchmark's JSON.
+        {"<normalizer> <options> <dtype>": "no host sync" or what went wrong}.
+    """
+    out = context.work / f"{context.name}.json"
+    try:
+        run_command(
+            context, [sys.executable, "-m", "benchmarks.attention_sync", "--device", context.size.device, "--json", out]
+        )
+    finally:
+        found = json.loads(out.read_text()) if out.exists() else None
+    if found is None:
+        raise StepFailed("the step wrote no results")
+    passed = ("no host sync", "ran (the CPU cannot check synchronisation)")
+    if any(verdict not in passed for verdict in found.values()):
+        raise StepFailed(json.dumps(found, indent=1))
+    return found
+
+
+def run_benchmark(context, module, args=(), size_args=None):
+    """A benchmark module's run: `python -m benchmarks.<module> --device D [the size's
+    arguments] [args] --json <step>.json`, its JSON the step's result.
+
+    Args:
+        context: the step's Context.
+        module: the module's name in benchmarks/.
+        args: its arguments; "{data}" and "{work}" in them stand for the text folder and the
+            step's own work folder.
+        size_args: the name of the Size attribute with arguments for the module, or None.
+
+    Returns:
+        The JSON the benchmark wrote.
+
+    Raises:
+        StepFailed: it failed; what it had written before is kept as the partial result
+            (benchmarks write their JSON as each measurement ends).
+    """
+    out = context.work / f"{context.name}.json"
+    own = [str(a).format(data=context.data, work=context.work / context.name) for a in args]
+    command = [sys.executable, "-m", f"benchmarks.{module}", "--device", context.size.device]
+    command += [*(getattr(context.size, size_args) if size_args else []), *own, "--json", out]
+    try:
+        run_command(context, command)
+    except ToolError as error:
+        raise StepFailed(str(error), partial=json.loads(out.read_text()) if out.exists() else None) from None
+    return json.loads(out.read_text())
+
+
+def render_in_header(name, result):
+    """The environment step's section: none, its figures are the report's first line.
+
+    Returns:
+        No lines.
+    """
+    return []
+
+
+def render_cuda_tests(name, result):
+    """The cuda-tests step's section of the report.
+
+    Args:
+        name: the step's name.
+        result: what cuda_tests returns.
+
+    Returns:
+        The Markdown lines.
+    """
+    lines = ["", f"## {name}", "", f"outcomes: {json.dumps(result['counts'])}"]
+    lines += [f"failed: {', '.join(result['failed']) or 'none'}"]
+    lines += ["no host sync (set_sync_debug_mode('error')), each normalizer:"]
+    return lines + [f"- {normalizer}: {outcome}" for normalizer, outcome in result["no_host_sync"].items()]
+
+
+def render_verdicts(name, result):
+    """A section listing each case's verdict (the attention-sync step's).
+
+    Args:
+        name: the step's name.
+        result: {case: verdict}.
+
+    Returns:
+        The Markdown lines.
+    """
+    return ["", f"## {name}", ""] + [f"- {case}: {verdict}" for case, verdict in result.items()]
+
+
+def render_json(name, result):
+    """A section with the result as JSON: for a step without a table of its own.
+
+    Args:
+        name: the step's name.
+        result: a JSON-able result.
+
+    Returns:
+        The Markdown lines.
+    """
+    return ["", f"## {name}", "", "```", json.dumps(result, indent=1, ensure_ascii=False), "```"]
+
+
+def render_normalizers(name, result):
+    """A normalizers-<dtype> step's section: benchmarks.normalizers' table.
+
+    Args:
+        name: the step's name.
+        result: benchmarks.normalizers' JSON.
+
+    Returns:
+        The Markdown lines.
+    """
+    lines = ["", f"## {name}", "", result["about"], "", result["machine"], ""]
+    lines += ["| shape | normalizer | ours ms | ours/softmax | ours/package | ours MiB | softmax MiB | max abs diff |"]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    columns = [
+        ("ours_ms", ".2f"),
+        ("ours_over_softmax", ".2f"),
+        ("ours_over_package", ".2f"),
+        ("ours_mib", ".1f"),
+        ("softmax_mib", ".1f"),
+        ("max_abs_diff", ".1e"),
+    ]
+    for row in result["rows"]:
+        cells = ["x".join(map(str, row["shape"])), row["normalizer"]]
+        lines.append("| " + " | ".join(cells + [number(row[key], spec) for key, spec in columns]) + " |")
+    return lines
+
+
+def render_training(name, result):
+    """A training step's section: benchmarks.training's table of each setting.
+
+    Args:
+        name: the step's name.
+        result: benchmarks.training's JSON.
+
+    Returns:
+        The Markdown lines.
+    """
+    lines = []
+    for setting, figures in result["settings"].items():
+        lines += ["", f"## {name}: {setting}", "", figures["about"], "", result["machine"], ""]
+        lines += [
+            "| model | train words/s | ratio | peak memory MiB | ratio | generate sent/s | ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for m in figures["models"].values():
+            lines.append(
+                f"| {m['label']} | {number(m['train_words_per_s'], '.0f')} | "
+                f"{number(m['train_words_per_s_ratio'], '.2f')} | {number(m['peak_memory_mib'], '.0f')} | "
+                f"{number(m['peak_memory_ratio'], '.2f')} | {number(m['generate_sentences_per_s'], '.2f')} | "
+                f"{number(m['generate_sentences_per_s_ratio'], '.2f')} |"
+            )
+        lines += ["", f"memory: {result['memory']}"]
+    return lines
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the check.
+
+    Attributes:
+        name: its name (--steps, the report's rows, its files in the work folder).
+        purpose: what it runs, one line; "{device}", "{training_args}" stand for the size's.
+        time_limit_s: its longest run, seconds (less when the budget has less left).
+        run: a function of its Context, returning its result (JSON-able); it raises on failure.
+        render: a function of (name, result), returning the report's lines for the result.
     """
 
-    def step(context):
-        out = context["work"] / f"{name}.json"
-        try:
-            run_command(
-                [sys.executable, HERE / "training.py", "--device", context["size"]["device"], "--data", context["data"]]
-                + [*context["size"]["training_args"], *extra_args, "--work-dir", context["work"] / name, "--json", out],
-                context["work"] / f"{name}.log",
-                context["timeout"],
-            )
-        except StepFailed:
-            # A setting finished before the failure is kept (training.py writes it as it ends).
-            if out.exists():
-                context["partial"] = json.loads(out.read_text())
-            raise
-        return json.loads(out.read_text())
+    name: str
+    purpose: str
+    time_limit_s: int
+    run: Callable = field(repr=False)
+    render: Callable = field(repr=False)
 
-    return step
+    def about(self, size):
+        """The purpose at a size.
+
+        Args:
+            size: FULL or TINY.
+
+        Returns:
+            The line, a str.
+        """
+        return self.purpose.format(device=size.device, training_args=" ".join(size.training_args))
 
 
-STEP_FUNCTIONS = {
-    "environment": environment,
-    "cuda-tests": cuda_tests,
-    "attention-sync": attention_sync,
-    **{f"normalizers-{dtype}": normalizers_step(dtype) for dtype in DTYPES},
-    "round-trip": round_trip,
-    "training": training_step("training", []),
-    "training-compiled": training_step("training-compiled", COMPILED_ARGS.split()),
-}
+TRAINING = "python -m benchmarks.training --device {device} {training_args}"
+# The steps, in the order they run. A benchmark with --device and --json is one more line:
+# Step(name, purpose, limit, partial(run_benchmark, module="...", args=[...]), render_json).
+STEPS = [
+    Step("environment", "versions of the GPU's driver, torch, CUDA, Triton, fairseq and this package", 60,
+         environment, render_in_header),
+    Step("cuda-tests", "pytest tests/test_normalizers_cuda.py (agreement with the CPU, no host sync)", 150,
+         cuda_tests, render_cuda_tests),
+    Step("attention-sync", "python -m benchmarks.attention_sync: the attention layer's normalizer step "
+         "(every normalizer, float32 and float16) under set_sync_debug_mode('error')", 90,
+         attention_sync, render_verdicts),
+    *(
+        Step(f"normalizers-{dtype}", f"python -m benchmarks.normalizers --device {{device}} --dtype {dtype} "
+             "(against torch.softmax and the entmax package)", 90,
+             partial(run_benchmark, module="normalizers", args=["--dtype", dtype], size_args="normalizer_args"),
+             render_normalizers)
+        for dtype in DTYPES
+    ),
+    Step("round-trip", "fairseq-train of a small learned alpha-entmax model on the text, then fairseq-generate "
+         "and fairseq-interactive from its checkpoint", 150,
+         round_trip, render_json),
+    Step("training", TRAINING + ": training words/s, peak memory and generation sentences/s, ratios to softmax",
+         300, partial(run_benchmark, module="training", args=["--data", "{data}", "--work-dir", "{work}"],
+                      size_args="training_args"), render_training),
+    Step("training-compiled", f"{TRAINING} {' '.join(COMPILED_ARGS)}: the same trainings with "
+         "--compile-normalizers beside softmax (the first run's figures stand when this one runs out of time)",
+         300, partial(run_benchmark, module="training",
+                      args=["--data", "{data}", "--work-dir", "{work}", *COMPILED_ARGS],
+                      size_args="training_args"), render_training),
+]  # fmt: skip
+STEP_BY_NAME = {step.name: step for step in STEPS}
+# The steps that read the text (--data).
+NEEDS_DATA = {"round-trip", "training", "training-compiled"}
+
+
+def step_lines(size):
+    """The steps as the help and the refusal list them.
+
+    Args:
+        size: FULL or TINY.
+
+    Returns:
+        One line per step: its number, name, purpose and time limit.
+    """
+    return [
+        f"  {i}. {step.name}: {step.about(size)} (at most {step.time_limit_s} s)" for i, step in enumerate(STEPS, 1)
+    ]
 
 
 def run_steps(size, data, work, budget_s, only=None):
@@ -540,43 +603,53 @@ def run_steps(size, data, work, budget_s, only=None):
         A list of {"step", "about", "status" ("ok", "failed", "skipped" by the size, or "not run"
         when not among only), "seconds", "result" or "error" (why it failed or did not run)}.
     """
-    steps = step_list(size)
     deadline = time.time() + budget_s
+    chosen = [step for step in STEPS if (only is None or step.name in only) and step.name not in size.skip]
     records = []
-    for index, (name, about, longest) in enumerate(steps):
-        record = {"step": name, "about": about}
-        if only is not None and name not in only:
-            records.append(dict(record, status="not run", seconds=0.0, error="not among --steps"))
+    for step in STEPS:
+        record = {"step": step.name, "about": step.about(size)}
+        if step not in chosen:
+            why = size.skip.get(step.name, "not among --steps")
+            records.append(
+                dict(record, status="skipped" if step.name in size.skip else "not run", seconds=0.0, error=why)
+            )
             continue
-        if name in size["skip"]:
-            records.append(dict(record, status="skipped", seconds=0.0, error=size["skip"][name]))
-            continue
-        later = sum(
-            1
-            for later_name, _, _ in steps[index + 1 :]
-            if (only is None or later_name in only) and later_name not in size["skip"]
-        )
-        timeout = min(longest, deadline - time.time() - RESERVE_S * later)
-        context = {"size": size, "data": data, "work": work, "timeout": timeout}
-        print(f"[gpu-check] {name}: {about} (limit {timeout:.0f}s)", flush=True)
+        later = len(chosen) - chosen.index(step) - 1
+        timeout = min(step.time_limit_s, deadline - time.time() - RESERVE_S * later)
+        print(f"[gpu-check] {step.name}: {record['about']} (limit {timeout:.0f}s)", flush=True)
         start = time.time()
         try:
             if timeout < 5:
                 raise StepFailed("no time left in the budget")
-            record.update(status="ok", result=STEP_FUNCTIONS[name](context))
+            record.update(status="ok", result=step.run(Context(step.name, size, data, work, timeout)))
         except Exception as error:  # every failure is recorded; the next step runs
-            message = str(error) if isinstance(error, StepFailed) else traceback.format_exc()
+            message = str(error) if isinstance(error, (StepFailed, ToolError)) else traceback.format_exc()
             record.update(status="failed", error=message[-4000:])
-            if "partial" in context:
-                record["result"] = context["partial"]
+            if getattr(error, "partial", None) is not None:
+                record["result"] = error.partial
         record["seconds"] = round(time.time() - start, 1)
-        print(f"[gpu-check] {name}: {record['status']} in {record['seconds']:.0f}s", flush=True)
+        print(f"[gpu-check] {step.name}: {record['status']} in {record['seconds']:.0f}s", flush=True)
         records.append(record)
     return records
 
 
+# The report's first line after the title: (label, the environment step's key).
+ENVIRONMENT_LINE = [
+    ("GPU", "gpu"),
+    ("driver", "driver"),
+    ("torch", "torch"),
+    ("CUDA", "cuda"),
+    ("Triton", "triton"),
+    ("fairseq", "fairseq"),
+    ("fairseq_entmax", "fairseq_entmax"),
+    ("entmax", "entmax"),
+    ("Python", "python"),
+    ("commit", "commit"),
+]
+
+
 def markdown_report(report):
-    """The report as Markdown: the steps, then each step's figures.
+    """The report as Markdown: the steps, then each step's figures, as its render gives them.
 
     Args:
         report: what gpu-check.json holds.
@@ -585,31 +658,9 @@ def markdown_report(report):
         The Markdown text.
     """
     env = next((r.get("result") or {} for r in report["steps"] if r["step"] == "environment"), {})
-    lines = [
-        f"# GPU check ({report['mode']})",
-        "",
-        f"{report['started']}; "
-        + ", ".join(
-            f"{label} {env.get(key) or '-'}"
-            for label, key in [
-                ("GPU", "gpu"),
-                ("driver", "driver"),
-                ("torch", "torch"),
-                ("CUDA", "cuda"),
-                ("Triton", "triton"),
-                ("fairseq", "fairseq"),
-                ("fairseq_entmax", "fairseq_entmax"),
-                ("entmax", "entmax"),
-                ("Python", "python"),
-                ("commit", "commit"),
-            ]
-        ),
-        "",
-        f"Verdict: {report['verdict']}",
-        "",
-        "| step | status | s | what |",
-        "|---|---|---|---|",
-    ]
+    lines = [f"# GPU check ({report['mode']})", ""]
+    lines += [f"{report['started']}; " + ", ".join(f"{label} {env.get(key) or '-'}" for label, key in ENVIRONMENT_LINE)]
+    lines += ["", f"Verdict: {report['verdict']}", "", "| step | status | s | what |", "|---|---|---|---|"]
     lines += [
         f"| {r['step']} | {r['status']} | {r['seconds']:.0f} | {r['about']}"
         + (f" ({r['error']})" if r["status"] in ("skipped", "not run") else "")
@@ -617,60 +668,10 @@ def markdown_report(report):
         for r in report["steps"]
     ]
     for record in report["steps"]:
-        result = record.get("result")
         if record["status"] == "failed":
             lines += ["", f"## {record['step']}: failed", "", "```", record["error"].strip(), "```"]
-        if not result:
-            continue
-        name = record["step"]
-        if name == "cuda-tests":
-            lines += ["", "## cuda-tests", "", f"outcomes: {json.dumps(result['counts'])}"]
-            lines += [f"failed: {', '.join(result['failed']) or 'none'}"]
-            lines += ["no host sync (set_sync_debug_mode('error')), each normalizer:"]
-            lines += [f"- {normalizer}: {outcome}" for normalizer, outcome in result["no_host_sync"].items()]
-        elif name == "attention-sync":
-            lines += ["", "## attention-sync: the attention layer's normalizer step", ""]
-            lines += [f"- {case}: {verdict}" for case, verdict in result.items()]
-        elif name.startswith("normalizers-"):
-            lines += ["", f"## {name}", "", result["about"], "", result["machine"], ""]
-            lines += [
-                "| shape | normalizer | ours ms | ours/softmax | ours/package | ours MiB | softmax MiB | max abs diff |"
-            ]
-            lines += ["|---|---|---|---|---|---|---|---|"]
-            for row in result["rows"]:
-                lines.append(
-                    "| "
-                    + " | ".join(
-                        [
-                            "x".join(map(str, row["shape"])),
-                            row["normalizer"],
-                            number(row["ours_ms"], ".2f"),
-                            number(row["ours_over_softmax"], ".2f"),
-                            number(row["ours_over_package"], ".2f"),
-                            number(row["ours_mib"], ".1f"),
-                            number(row["softmax_mib"], ".1f"),
-                            number(row["max_abs_diff"], ".1e"),
-                        ]
-                    )
-                    + " |"
-                )
-        elif name == "round-trip":
-            lines += ["", "## round-trip", "", "```", json.dumps(result, indent=1, ensure_ascii=False), "```"]
-        elif name.startswith("training"):
-            for setting, figures in result["settings"].items():
-                lines += ["", f"## {name}: {setting}", "", figures["about"], "", result["machine"], ""]
-                lines += [
-                    "| model | train words/s | ratio | peak memory MiB | ratio | generate sent/s | ratio |",
-                    "|---|---|---|---|---|---|---|",
-                ]
-                for model, m in figures["models"].items():
-                    lines.append(
-                        f"| {model} | {number(m['train_words_per_s'], '.0f')} | "
-                        f"{number(m['train_words_per_s_ratio'], '.2f')} | {number(m['peak_memory_mib'], '.0f')} | "
-                        f"{number(m['peak_memory_ratio'], '.2f')} | {number(m['generate_sentences_per_s'], '.2f')} | "
-                        f"{number(m['generate_sentences_per_s_ratio'], '.2f')} |"
-                    )
-                lines += ["", f"memory: {result['memory']}"]
+        if record.get("result"):
+            lines += STEP_BY_NAME[record["step"]].render(record["step"], record["result"])
     return "\n".join(lines) + "\n"
 
 
@@ -719,16 +720,24 @@ def refusal(size):
     lines = [
         "gpu_check: no CUDA device was found (torch.cuda.is_available() is False); nothing was run.",
         "On a CUDA machine it would run, in under 10 minutes:",
+        *step_lines(size),
+        "and write gpu-check.md and gpu-check.json. --cpu-tiny runs the same steps at tiny size on the CPU.",
     ]
-    lines += [f"  {i}. {name}: {about}" for i, (name, about, _) in enumerate(step_list(size), 1)]
-    lines.append("and write gpu-check.md and gpu-check.json. --cpu-tiny runs the same steps at tiny size on the CPU.")
     return "\n".join(lines)
 
 
-def main():
-    """The command line (see the top). Exit status: 0 every step passed, 1 a step failed,
-    2 no CUDA device (or a usage error)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv=None):
+    """The command line; its help lists the steps (STEPS).
+
+    Returns:
+        The parsed arguments.
+    """
+    description = __doc__ + "\nThe steps, at full size:\n" + "\n".join(step_lines(FULL))
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_check",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--data",
         type=Path,
@@ -739,27 +748,37 @@ def main():
     parser.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="where the report is written")
     parser.add_argument("--work-dir", type=Path, help="logs and checkpoints (default: a temporary folder)")
     parser.add_argument("--cpu-tiny", action="store_true", help="every step at tiny size on the CPU (no measurement)")
-    parser.add_argument("--budget-s", type=float, help="seconds for all the steps (default: 540; --cpu-tiny 900)")
-    parser.add_argument("--steps", nargs="+", choices=list(STEP_FUNCTIONS), metavar="STEP", help="run only these steps")
-    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
-    parser.add_argument("--layer-sync-step", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.layer_sync_step:
-        layer_step_synchronisations(args.device, args.layer_sync_step)
-        return 0
-    size = TINY if args.cpu_tiny else FULL
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        help=f"seconds for all the steps (default: {FULL.budget_s}; --cpu-tiny {TINY.budget_s})",
+    )
+    parser.add_argument("--steps", nargs="+", choices=list(STEP_BY_NAME), metavar="STEP", help="run only these steps")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """The command line (see the top). Exit status: 0 every step passed, 1 a step failed,
+    2 no CUDA device (or a usage error)."""
     import torch
 
+    args = parse_args(argv)
+    size = TINY if args.cpu_tiny else FULL
     if not args.cpu_tiny and not torch.cuda.is_available():
         print(refusal(size), file=sys.stderr)
         return 2
-    data_needed = args.steps is None or {"round-trip", "training"} & set(args.steps)
-    if data_needed and not ((args.data / "train.de").exists() and (args.data / "train.en").exists()):
-        parser.error(f"--data {args.data}: no train.de and train.en there (`make gpu-data` copies them)")
+    if (args.steps is None or NEEDS_DATA & set(args.steps)) and not all(
+        (args.data / name).exists() for name in ("train.de", "train.en")
+    ):
+        print(
+            f"gpu_check: error: --data {args.data}: no train.de and train.en there (`make gpu-data` copies them)",
+            file=sys.stderr,
+        )
+        return 2
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    records = run_steps(size, args.data.resolve(), work.resolve(), args.budget_s or size["budget_s"], args.steps)
+    records = run_steps(size, args.data.resolve(), work.resolve(), args.budget_s or size.budget_s, args.steps)
     report = write_report(records, args.out, "cpu-tiny" if args.cpu_tiny else "cuda", started, work)
     print(markdown_report(report))
     print(f"[gpu-check] report: {args.out / 'gpu-check.md'}, {args.out / 'gpu-check.json'}; work dir: {work}")

@@ -32,9 +32,9 @@ allocator setting makes every large allocation fault its pages in, which slows a
 more than the normalizers differ (benchmarks/normalizers.py and benchmarks/training.py time
 them).
 
-    python benchmarks/long_inputs.py                      # CPU, both settings
-    python benchmarks/long_inputs.py --device cuda        # on a GPU
-    python benchmarks/long_inputs.py --settings layer --rounds 1   # quick look
+    python -m benchmarks.long_inputs                      # CPU, both settings
+    python -m benchmarks.long_inputs --device cuda        # on a GPU
+    python -m benchmarks.long_inputs --settings layer --rounds 1   # quick look
 """
 
 import argparse

@@ -10,14 +10,14 @@ in shuffled order batch by batch, so that a slower minute of the machine slows b
 Reported: the time of the working tree's version over the other's, in total and as the median
 of the per-batch ratios. Timing the same version against itself gives the noise.
 
-    python benchmarks/training.py --settings long-small --rounds 1 --models "alpha-entmax (learned)" \\
+    python -m benchmarks.training --settings long-small --rounds 1 --models alpha_entmax \\
         --work-dir /tmp/ls
-    python benchmarks/normalizers_in_model.py /tmp/ls/long-small/bin \\
-        --path /tmp/ls/long-small/alpha_entmax_learned__r0/checkpoint_last.pt --against cbb67b9 --threads 2
+    python -m benchmarks.normalizers_in_model /tmp/ls/long-small/bin \\
+        --path /tmp/ls/long-small/alpha_entmax_r0/checkpoint_last.pt --against cbb67b9 --threads 2
 """
 
 import argparse
-import importlib
+import importlib.util
 import random
 import statistics
 import subprocess
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from fairseq import checkpoint_utils, utils
 
+from benchmarks.normalizers import CLOCKS, machine_description
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
-from normalizers import CLOCKS, machine_description
 
 REPO = Path(__file__).resolve().parents[1]
 NORMALIZERS = "fairseq_entmax/normalizers"
@@ -60,8 +60,14 @@ def load_baseline(revision, folder):
             ["git", "show", f"{revision}:{NORMALIZERS}/{name}"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout
         (package / name).write_text(text.replace("fairseq_entmax.normalizers", BASELINE_PACKAGE))
-    sys.path.insert(0, str(folder))
-    return importlib.import_module(BASELINE_PACKAGE)
+    # Imported from its folder by file location, the working tree's import path left as it is.
+    spec = importlib.util.spec_from_file_location(
+        BASELINE_PACKAGE, package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[BASELINE_PACKAGE] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # The function each normalizer module calls, by the normalizer's name: the names every

@@ -13,7 +13,7 @@ round, in an order shuffled per round, medians reported; peak memory is what one
 forward+backward adds to the process at its peak (the gradient, the probabilities kept for
 the backward and every temporary).
 
-Run:  python benchmarks/output_loss.py [--rounds N] [--shapes 4096x8000 ...] [--threads N]
+Run:  python -m benchmarks.output_loss [--rounds N] [--shapes 4096x8000 ...] [--threads N]
 """
 
 import argparse
@@ -24,10 +24,9 @@ import sys
 import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
+# the normalizer benchmark's timing and memory measures
+from benchmarks.normalizers import cpu_memory_setup, machine_description, peak_memory, time_once
 from fairseq_entmax.criterions import fenchel_young_loss
-
-# benchmarks/normalizers.py, beside this script: the same timing and memory measures
-from normalizers import cpu_memory_setup, machine_description, peak_memory, time_once
 
 try:
     from entmax.losses import Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss

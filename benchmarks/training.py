@@ -22,9 +22,9 @@ same first batch in both runs, so it cancels. After a round's models are trained
 generation runs are interleaved (A, B, C, D, A, B, ...) and the median is kept: a run takes
 seconds, and a machine's speed drifts from one to the next (benchmarks/RESULTS.md).
 
-    python benchmarks/training.py                     # CPU, both settings
-    python benchmarks/training.py --device cuda --fp16 --compile   # on a GPU
-    python benchmarks/training.py --settings long-small --rounds 1 --updates 10   # quick look
+    python -m benchmarks.training                     # CPU, both settings
+    python -m benchmarks.training --device cuda --fp16 --compile   # on a GPU
+    python -m benchmarks.training --settings long-small --rounds 1 --updates 10   # quick look
 """
 
 import argparse
@@ -33,7 +33,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,35 +40,48 @@ from pathlib import Path
 
 import torch
 
+from examples.pipeline.tools import run_logged, run_reporting_errors
+from examples.pipeline.training import model_size_args
 from fairseq_entmax import USER_DIR
-
-HERE = Path(__file__).resolve().parent
-
-# The repository root: model_size_args is the examples' (examples/pipeline/training.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from examples.pipeline.training import model_size_args  # noqa: E402
+from fairseq_entmax.normalizers import NORMALIZER_NAMES
 
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
 
-# name -> extra fairseq-train arguments; the first entry is the baseline of every ratio.
+# name (--models, the JSON's keys) -> extra fairseq-train arguments; the first entry, fairseq's
+# own Transformer, is the baseline of every ratio. "softmax" is the same softmax through
+# SparseMultiheadAttention, which forgoes PyTorch's fused attention: it separates the cost of
+# the plugin's attention path from that of the maps.
 MODELS = {
-    "softmax (fairseq transformer)": ["--arch", "{base_arch}"],
-    # The same softmax through SparseMultiheadAttention, which forgoes PyTorch's fused
-    # attention: separates the cost of the plugin's attention path from that of the maps.
-    "softmax (fairseq_entmax attention)": [
-        "--arch",
-        "adaptively_sparse_{base_arch}",
-        "--attention-normalizer",
-        "softmax",
-    ],
-    "sparsemax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "sparsemax"],
-    "1.5-entmax": ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", "entmax15"],
-    "alpha-entmax (learned)": ["--arch", "adaptively_sparse_{base_arch}"],
-    "top-k (k=8)": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
+    "transformer": ["--arch", "{base_arch}"],
+    **{
+        name: ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", name]
+        for name in NORMALIZER_NAMES
+        if name != "topk"
+    },
+    "topk": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
 }
-# With --compile, each sparse model again with its normalizers through torch.compile.
-COMPILED = ["sparsemax", "1.5-entmax", "alpha-entmax (learned)", "top-k (k=8)"]
+# How the reports name each model.
+LABELS = {
+    "transformer": "softmax (fairseq transformer)",
+    "softmax": "softmax (fairseq_entmax attention)",
+    "sparsemax": "sparsemax",
+    "entmax15": "1.5-entmax",
+    "alpha_entmax": "alpha-entmax (learned)",
+    "topk": "top-k (k=8)",
+}
+# With --compile, each sparse model again with its normalizers through torch.compile, as
+# "<name>_compiled".
+COMPILED = ["sparsemax", "entmax15", "alpha_entmax", "topk"]
+COMPILED_SUFFIX = "_compiled"
+
+
+def label(model):
+    """How the reports name a model of MODELS, or a compiled one ("<name>_compiled")."""
+    if model.endswith(COMPILED_SUFFIX):
+        return f"{LABELS[model.removesuffix(COMPILED_SUFFIX)]}, compiled"
+    return LABELS[model]
+
 
 # Sentences per fairseq-generate batch.
 GEN_BATCH = 16
@@ -96,7 +108,7 @@ SETTINGS = {
         gen_sentences=160,
         about="small model (2+2 layers, d=128, 8 heads) on long sentences (8 TED lines joined)",
     ),
-    # Not a measurement: runs every step of the benchmark in seconds (benchmarks/gpu_check.py
+    # Not a measurement: runs every step of the benchmark in seconds (benchmarks.gpu_check
     # --cpu-tiny, and its test). Not among the default settings.
     "tiny": dict(
         base_arch="transformer",
@@ -112,27 +124,25 @@ DEFAULT_SETTINGS = ["paper-size", "long-small"]
 
 
 def run(args, log, gpu_peak_file=None):
-    """Run a fairseq command; exit with its log's end if it fails.
+    """Run a fairseq command (examples.pipeline.tools.run_logged) and read its peak memory.
 
     Args:
         args: the command and its arguments.
-        log: the file its output goes to.
+        log: the file its output is appended to.
         gpu_peak_file: None, or the file benchmarks/cuda_peak_memory.py wrote for this
             command (args must run it): the peak is read from there.
 
     Returns:
         (its output, stdout and stderr together; the peak memory of that process, MiB: its
         resident set size, or on the GPU what torch allocated there, from gpu_peak_file).
+
+    Raises:
+        ToolError: the command failed; the message holds the end of its output.
     """
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(a) for a in args], stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-    text = Path(log).read_text()
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"command failed: {' '.join(map(str, args))}\n{text[-3000:]}")
+    finished = run_logged(args, log)
     if gpu_peak_file is not None:
-        return text, json.loads(Path(gpu_peak_file).read_text())["peak_allocated_bytes"] / 2**20
-    return text, usage.ru_maxrss / 1024
+        return finished.output, json.loads(Path(gpu_peak_file).read_text())["peak_allocated_bytes"] / 2**20
+    return finished.output, finished.peak_rss_mib
 
 
 def make_data(data_dir, work, join_lines, n_lines, n_gen):
@@ -201,7 +211,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
         device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
         updates: training updates.
         cuda: whether it trains on the GPU: fairseq-train then runs through
-            benchmarks/cuda_peak_memory.py, which records the peak GPU memory.
+            benchmarks.cuda_peak_memory, which records the peak GPU memory.
         save: whether to save the checkpoint (generate needs it); a Transformer base's, with
             Adam's state, takes seconds to write.
 
@@ -213,7 +223,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
     gpu_peak_file = save_dir.parent / f"{save_dir.name}.gpu-peak.json" if cuda else None
     # The same fairseq-train, in a process that records its peak GPU memory.
     command = (
-        [sys.executable, HERE / "cuda_peak_memory.py", gpu_peak_file, "fairseq_cli.train"]
+        [sys.executable, "-m", "benchmarks.cuda_peak_memory", gpu_peak_file, "fairseq_cli.train"]
         if cuda
         else [BIN / "fairseq-train"]
     )
@@ -367,6 +377,7 @@ def setting_report(report, name, about, results, json_path):
         "about": about,
         "models": {
             model: {
+                "label": label(model),
                 "train_words_per_s": m["wps"],
                 "train_words_per_s_ratio": m["wps"] / base["wps"],
                 "peak_memory_mib": m["memory"],
@@ -414,7 +425,7 @@ def results_table(median, memory_label):
     for model, m in median.items():
         sps = "- | -" if None in (m["sps"], base["sps"]) else f"{m['sps']:.2f} | {m['sps'] / base['sps']:.2f}"
         lines.append(
-            f"| {model} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['memory']:.0f} | "
+            f"| {label(model)} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['memory']:.0f} | "
             f"{m['memory'] / base['memory']:.2f} | {sps} |"
         )
     return "\n".join(lines)
@@ -464,8 +475,7 @@ def main():
         nargs="+",
         choices=list(MODELS),
         metavar="MODEL",
-        help="measure only these models (and the baseline, always first); default: all of "
-        + ", ".join(repr(name) for name in MODELS),
+        help="measure only these models (and the baseline, always first); default: all of " + " ".join(MODELS),
     )
     parser.add_argument(
         "--compile",
@@ -488,7 +498,7 @@ def main():
     if args.only_compiled and not args.compile:
         parser.error("--only-compiled needs --compile")
     if args.compile:
-        compiled = {f"{name}, compiled": name for name in COMPILED if name in models}
+        compiled = {name + COMPILED_SUFFIX: name for name in COMPILED if name in models}
         if args.only_compiled:
             models = {name: model_args for name, model_args in models.items() if name not in COMPILED}
         models.update((label, MODELS[name] + ["--compile-normalizers"]) for label, name in compiled.items())
@@ -530,7 +540,7 @@ def main():
         for round_ in range(args.rounds):
             save_dirs = {}
             for model, model_args in models.items():
-                save_dirs[model] = work / f"{re.sub(r'[^a-z0-9]+', '_', model.lower())}_r{round_}"
+                save_dirs[model] = work / f"{model}_r{round_}"
                 t0 = time.time()
                 wps, memory = train(
                     data_bin,
@@ -547,7 +557,7 @@ def main():
                 # What was measured so far, in --json: a run stopped at a time limit keeps it.
                 setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
                 print(
-                    f"[{name} round {round_ + 1}/{args.rounds}] {model}: {wps:.0f} words/s, "
+                    f"[{name} round {round_ + 1}/{args.rounds}] {label(model)}: {wps:.0f} words/s, "
                     f"{memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
                     flush=True,
                 )
@@ -559,7 +569,9 @@ def main():
                 print(
                     f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
                     "sentences/s: "
-                    + ", ".join(f"{model} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
+                    + ", ".join(
+                        f"{label(model)} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()
+                    ),
                     flush=True,
                 )
         generation = (
@@ -579,4 +591,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # A failed fairseq command: its message and the end of its output, exit status 1.
+    sys.exit(run_reporting_errors(lambda _: main(), None))

@@ -1,4 +1,4 @@
-"""What `make bench-compare REF=...` (benchmarks/compare_revisions.py) gives its user: fresh
+"""What `make bench-compare REF=...` (python -m benchmarks.compare_revisions) gives its user: fresh
 processes alternating between the working tree and REF, every normalizer's time on both sides
 with their ratio, an exit status for a ratio over --max-ratio, and a bad REF refused in one line."""
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SCRIPT = REPOSITORY / "benchmarks" / "compare_revisions.py"
 NORMALIZERS = ["torch.softmax", "softmax", "sparsemax", "entmax15", "alpha_entmax", "topk_softmax"]
 
 # Starts four Python processes that import torch.
@@ -19,7 +18,11 @@ pytestmark = pytest.mark.slow
 
 def compare(*arguments):
     return subprocess.run(
-        [sys.executable, SCRIPT, *arguments], capture_output=True, text=True, timeout=600, cwd=REPOSITORY
+        [sys.executable, "-m", "benchmarks.compare_revisions", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPOSITORY,
     )
 
 

@@ -1,4 +1,4 @@
-"""What benchmarks/generation_speed.py gives its user: the models' fairseq-generate runs
+"""What `python -m benchmarks.generation_speed` gives its user: the models' fairseq-generate runs
 interleaved over rounds, each model's median sentences/s and tokens/s with its ratio to the
 baseline, the figures of every round in the JSON; and a bad model argument refused before any
 translation, saying what to give."""
@@ -11,14 +11,20 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_speed.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 # Runs fairseq-generate.
 pytestmark = pytest.mark.slow
 
 
 def speed(*arguments):
-    return subprocess.run([sys.executable, SCRIPT, *map(str, arguments)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.generation_speed", *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
 
 
 def test_models_translate_the_same_test_set_in_interleaved_rounds(trained_model, tmp_path):

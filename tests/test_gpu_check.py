@@ -1,4 +1,4 @@
-"""What `make gpu-check` (benchmarks/gpu_check.py) gives its user: without a CUDA device it
+"""What `make gpu-check` (python -m benchmarks.gpu_check) gives its user: without a CUDA device it
 stops at once, exit status 2, saying so and what it would have run; a run of every step (here
 at tiny size on the CPU, --cpu-tiny) writes one report, Markdown and JSON, with each step's
 outcome and figures, and a step that fails is recorded while the ones after it still run."""
@@ -13,26 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import gpu_check
+
 ROOT = Path(__file__).resolve().parents[1]
-GPU_CHECK = ROOT / "benchmarks" / "gpu_check.py"
-sys.path.insert(0, str(GPU_CHECK.parent))
-
-import gpu_check  # noqa: E402
-
-# Runs fairseq-train, -generate and -interactive (the tiny run), and a fresh Python (the refusal).
-pytestmark = pytest.mark.slow
-
-STEPS = [
-    "environment",
-    "cuda-tests",
-    "attention-sync",
-    "normalizers-float32",
-    "normalizers-bfloat16",
-    "normalizers-float16",
-    "round-trip",
-    "training",
-    "training-compiled",
-]
+GPU_CHECK = [sys.executable, "-m", "benchmarks.gpu_check"]
+# The steps as the check declares them, in their order.
+STEPS = [step.name for step in gpu_check.STEPS]
 
 
 def without_cuda():
@@ -56,10 +42,22 @@ def write_corpus(directory, lines=420, seed=0):
     return directory
 
 
+def test_the_help_lists_every_step_with_its_limit_and_the_default_budget(capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        gpu_check.parse_args(["--help"])
+    assert exit_status.value.code == 0
+    help_text = capsys.readouterr().out
+    for step in gpu_check.STEPS:
+        assert f"{step.name}: {step.about(gpu_check.FULL)} (at most {step.time_limit_s} s)" in help_text
+    assert f"default: {gpu_check.FULL.budget_s};" in help_text
+
+
+# Runs a fresh Python that imports torch.
+@pytest.mark.slow
 def test_without_cuda_it_stops_at_once_with_status_2_and_says_what_it_would_run(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, GPU_CHECK, "--out", out, "--data", tmp_path / "absent"],
+        [*GPU_CHECK, "--out", out, "--data", tmp_path / "absent"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -70,17 +68,19 @@ def test_without_cuda_it_stops_at_once_with_status_2_and_says_what_it_would_run(
     assert "no CUDA device was found" in proc.stderr
     for step in STEPS[1:]:
         assert f"{step}:" in proc.stderr, step
-    assert "benchmarks/training.py --device cuda" in proc.stderr and "--fp16" in proc.stderr
+    assert "benchmarks.training --device cuda" in proc.stderr and "--fp16" in proc.stderr
     assert not out.exists(), "it wrote a report of steps it did not run"
 
 
+# Runs fairseq-train, -generate and -interactive at tiny size.
+@pytest.mark.slow
 def test_cpu_tiny_run_reports_every_step_and_records_a_failure_without_stopping(tmp_path):
     data = write_corpus(tmp_path / "data")
     out = tmp_path / "out"
     # The cuda-tests step fails: pytest refuses an unknown option (only that step runs pytest).
     env = dict(without_cuda(), PYTEST_ADDOPTS="--no-such-option")
     proc = subprocess.run(
-        [sys.executable, GPU_CHECK, "--cpu-tiny", "--data", data, "--out", out, "--work-dir", tmp_path / "work"],
+        [*GPU_CHECK, "--cpu-tiny", "--data", data, "--out", out, "--work-dir", tmp_path / "work"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -114,7 +114,8 @@ def test_cpu_tiny_run_reports_every_step_and_records_a_failure_without_stopping(
     round_trip = steps["round-trip"]["result"]
     assert round_trip["generate_sentences"] == 32 and round_trip["interactive_translated"] == 3
     models = steps["training"]["result"]["settings"]["tiny"]["models"]
-    baseline, topk = models["softmax (fairseq transformer)"], models["top-k (k=8)"]
+    baseline, topk = models["transformer"], models["topk"]
+    assert baseline["label"] == "softmax (fairseq transformer)" and topk["label"] == "top-k (k=8)"
     assert baseline["train_words_per_s_ratio"] == 1.0 and baseline["peak_memory_ratio"] == 1.0
     assert topk["train_words_per_s"] > 0 and topk["train_words_per_s_ratio"] > 0 and topk["peak_memory_mib"] > 0
 
