@@ -252,7 +252,7 @@ def cuda_tests(context):
     log = context["work"] / "cuda-tests.log"
     try:
         run_command(
-            [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rfE"]
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"]
             + ["tests/test_normalizers_cuda.py", "--junitxml", junit, *context["size"]["pytest_args"]],
             log,
             context["timeout"],

@@ -21,7 +21,7 @@ from fairseq_entmax.normalizers import alpha_entmax
 from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 LAYERS, HEADS = 2, 4  # of the tiny models (conftest.TINY_MODEL_ARGS)
 TOPK = 3  # conftest trains top-k with --topk 3
