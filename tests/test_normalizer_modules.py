@@ -4,10 +4,12 @@ their function on the scores, own their learned alphas and survive a deep copy (
 
 import copy
 import math
+import shlex
 
 import pytest
 import torch
 
+from fairseq_entmax.names import NORMALIZER_LABELS
 from fairseq_entmax.normalizers import (
     NORMALIZER_NAMES,
     LearnedAlphaEntmax,
@@ -85,6 +87,13 @@ def test_a_deep_copy_follows_its_own_alphas():
     assert not torch.equal(original(x), copied(x))
     expected = alpha_entmax(x.view(-1, HEADS, 3, 7), torch.full((1, HEADS, 1, 1), 1.2), dim=-1).view_as(x)
     torch.testing.assert_close(copied(x).detach(), expected, atol=1e-6, rtol=0)
+
+
+def test_every_name_builds_its_normalizer_and_is_a_plain_command_line_word():
+    for name in NORMALIZER_NAMES:
+        assert build_normalizer(name, HEADS).name == name
+        assert shlex.quote(name) == name  # `--attention-normalizer NAME`, `--models NAME` unquoted
+    assert len(set(NORMALIZER_LABELS.values())) == len(NORMALIZER_NAMES)
 
 
 def test_unknown_name_lists_known_ones():

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import nn
 
+from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
@@ -189,7 +190,6 @@ class LearnedAlphaEntmax(AttentionNormalizer):
 
 
 _FIXED_ALPHA = {"softmax": (softmax, 1.0), "entmax15": (entmax15, 1.5), "sparsemax": (sparsemax, 2.0)}
-NORMALIZER_NAMES = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
 
 
 def build_normalizer(
