@@ -220,8 +220,8 @@ def environment(context):
 
 
 def cuda_tests(context):
-    """tests/test_normalizers_cuda.py under pytest, outside this suite's conftest (the file
-    needs only torch, numpy and pytest).
+    """tests/test_normalizers_cuda.py under pytest (the file needs only torch, numpy and
+    pytest: the suite's conftest loads fairseq only for the tests that ask for it).
 
     Returns:
         The counts of outcomes, the failed tests, and the outcome of each no-host-sync test.
@@ -229,7 +229,7 @@ def cuda_tests(context):
     junit = context.work / "cuda-tests.xml"
     done = run_command(
         context,
-        [sys.executable, "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "-rfE"]
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"]
         + ["tests/test_normalizers_cuda.py", "--junitxml", junit, *context.size.pytest_args],
         check=False,
     )

@@ -43,7 +43,7 @@ import torch
 from examples.pipeline.tools import run_logged, run_reporting_errors
 from examples.pipeline.training import model_size_args
 from fairseq_entmax import USER_DIR
-from fairseq_entmax.normalizers import NORMALIZER_NAMES
+from fairseq_entmax.names import NORMALIZER_LABELS, NORMALIZER_NAMES
 
 BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
@@ -61,13 +61,12 @@ MODELS = {
     },
     "topk": ["--arch", "explicit_sparse_{base_arch}", "--topk", "8"],
 }
-# How the reports name each model.
+# How the reports name each model: the normalizers' labels, with what sets the two softmax
+# baselines and top-k's k apart.
 LABELS = {
     "transformer": "softmax (fairseq transformer)",
+    **NORMALIZER_LABELS,
     "softmax": "softmax (fairseq_entmax attention)",
-    "sparsemax": "sparsemax",
-    "entmax15": "1.5-entmax",
-    "alpha_entmax": "alpha-entmax (learned)",
     "topk": "top-k (k=8)",
 }
 # With --compile, each sparse model again with its normalizers through torch.compile, as

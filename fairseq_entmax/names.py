@@ -1,7 +1,20 @@
-"""Names shared by the fairseq layer, its training log and the analysis: the attention types and
-the names of the alpha metrics the model logs, each written here once."""
+"""Names shared by the normalizers, the fairseq layer, its training log, the analysis and the
+examples: the normalizers, the attention types and the names of the alpha metrics the model
+logs, each written here once. Imports neither torch nor fairseq."""
 
 import re
+
+# The normalizers, by the names that build_normalizer, --attention-normalizer and the examples'
+# variants take (none needs quoting on a command line), in the order tables list them, each with
+# the label tables and figures show for it.
+NORMALIZER_LABELS = {
+    "softmax": "softmax",
+    "sparsemax": "sparsemax",
+    "entmax15": "1.5-entmax",
+    "alpha_entmax": "alpha-entmax (learned)",
+    "topk": "top-k",
+}
+NORMALIZER_NAMES = tuple(NORMALIZER_LABELS)
 
 # The three attention types of an encoder-decoder Transformer, in the order every table,
 # figure and log lists them.

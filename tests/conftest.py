@@ -8,6 +8,10 @@ Fixtures for other test files:
   data_bin, save_dir, train_log, normalizer), trained once per session and normalizer.
 - `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
   for tests that train a variant themselves.
+- `fairseq_plugin`: fairseq in this process with the plugin loaded, as `--user-dir` leaves it,
+  for the tests that load checkpoints, build models or generate in-process. Only they request
+  it, so that the torch-only tests run where fairseq is not installed
+  (tests/test_suite_without_fairseq.py).
 
 And the `requires(available, reason)` marker (declared in pyproject.toml, like `slow`): a test
 that needs what a machine may lack skips without it, and fails without it under CI.
@@ -18,9 +22,6 @@ from collections import namedtuple
 
 import pytest
 
-# The tests that use fairseq in this process (loading checkpoints, building models) see it as
-# `--user-dir` leaves it: with the plugin loaded. The commands load it themselves.
-from fairseq_entmax import plugin  # noqa: F401
 from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
 
 
@@ -45,6 +46,18 @@ TINY_MAX_UPDATE = 200
 # top-k keeps 3 keys: with the corpus' 3-10 token sentences the default k = 8 would rarely
 # drop any key.
 NORMALIZER_ARGS = {"topk": ["--topk", "3"]}
+
+
+@pytest.fixture(scope="session")
+def fairseq_plugin():
+    """fairseq with the plugin loaded (models registered, repairs installed) in this process.
+
+    Returns:
+        The fairseq_entmax.plugin module. The fairseq commands the tests run load it themselves.
+    """
+    from fairseq_entmax import plugin
+
+    return plugin
 
 
 @pytest.fixture(scope="session")

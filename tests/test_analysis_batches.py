@@ -1,12 +1,15 @@
 """The per-batch masks and subword words the analysis derives from fairseq's own batches
 (left-padded source, right-padded decoder input starting with </s>), checked with attention
-built to score exactly 1 on them."""
+built to score exactly 1 on them, and the question marks it finds in fairseq's dictionaries."""
 
+import pytest
 import torch
 from fairseq.data import Dictionary, LanguagePairDataset
 
 from fairseq_entmax.analysis.metrics import HeadStatistics
-from fairseq_entmax.analysis.runner import _batch_context, _continuation_table
+from fairseq_entmax.analysis.runner import _batch_context, _continuation_table, _question_table
+
+pytestmark = pytest.mark.usefixtures("fairseq_plugin")
 
 SOURCES = ["the ana@@ ly@@ sis", "cat@@ s sleep"]
 TARGETS = ["die ana@@ ly@@ se", "kat@@ zen schla@@ fen gern"]
@@ -86,3 +89,12 @@ def test_decoder_masks_are_causal_and_queries_exclude_padding():
     cross_queries, cross_keys, cross_tokens, _ = context["cross"]
     assert cross_queries.tolist() == query_mask.tolist() and cross_tokens is None
     assert cross_keys[:, 0].tolist() == sample["net_input"]["src_tokens"].ne(dictionary.pad()).tolist()
+
+
+def test_question_marks_are_the_dictionary_entries_that_are_exactly_a_question_mark():
+    dictionary = Dictionary()
+    for symbol in ("wo", "?", "?@@", "¿", "was?", "ist"):
+        dictionary.add_symbol(symbol)
+    table = _question_table(dictionary)
+    assert [dictionary[i] for i in table.nonzero().flatten().tolist()] == ["?"]
+    assert len(table) == len(dictionary)

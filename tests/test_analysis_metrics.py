@@ -255,16 +255,3 @@ def test_interrogation_is_undefined_without_question_marks():
     stats = HeadStatistics(2)
     stats.update(weights, all_real(1, 3), all_real(1, 3)[:, None, :])  # no question marks given
     assert stats.interrogation() == [None, None]
-
-
-def test_question_marks_are_the_dictionary_entries_that_are_exactly_a_question_mark():
-    from fairseq.data import Dictionary
-
-    from fairseq_entmax.analysis.runner import _question_table
-
-    dictionary = Dictionary()
-    for symbol in ("wo", "?", "?@@", "¿", "was?", "ist"):
-        dictionary.add_symbol(symbol)
-    table = _question_table(dictionary)
-    assert [dictionary[i] for i in table.nonzero().flatten().tolist()] == ["?"]
-    assert len(table) == len(dictionary)

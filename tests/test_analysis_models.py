@@ -21,7 +21,7 @@ from fairseq_entmax.normalizers import alpha_entmax
 from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 LAYERS, HEADS = 2, 4  # of the tiny models (conftest.TINY_MODEL_ARGS)
 TOPK = 3  # conftest trains top-k with --topk 3
@@ -197,8 +197,8 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
             """
         ),
     )
-    # progress: fairseq-style log lines "analysing alpha:   3 / 6 sentences=12"
-    assert re.search(r"analysing alpha:\s+\d+ / \d+ sentences=\d+", proc.stdout + proc.stderr)
+    # progress: fairseq-style log lines "analyzing alpha:   3 / 6 sentences=12"
+    assert re.search(r"analyzing alpha:\s+\d+ / \d+ sentences=\d+", proc.stdout + proc.stderr)
 
     analysis = json.loads((output_dir / "analysis.json").read_text())
     softmax, alpha, topk = analysis["models"]
@@ -214,7 +214,7 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         for r in model["density"]:
             assert 0.0 < r["fraction"] <= 1.0 and r["count"] >= 1.0
 
-    # a plain fairseq transformer is analysed as softmax: alpha 1, every allowed key attended
+    # a plain fairseq transformer is analyzed as softmax: alpha 1, every allowed key attended
     assert set(softmax["normalizers"].values()) == {"softmax"}
     assert {r["alpha"] for r in softmax["alpha"]} == {1.0}
     assert all(r["fraction"] == pytest.approx(1.0) for r in softmax["density"])
@@ -393,7 +393,7 @@ def test_bad_input_is_reported_with_what_to_do(tiny_data, tmp_path, capsys):
     assert "data-bin directory" in capsys.readouterr().err
 
 
-def test_every_input_is_checked_before_the_first_model_is_analysed(trained_model, tiny_data, tmp_path, capsys):
+def test_every_input_is_checked_before_the_first_model_is_analyzed(trained_model, tiny_data, tmp_path, capsys):
     """A mistake in the last --path or --train-log, or in the data-bin, stops the command
     before any model is run (it used to come after the others' whole pass)."""
     good = str(trained_model("alpha_entmax").checkpoint)
@@ -409,7 +409,7 @@ def test_every_input_is_checked_before_the_first_model_is_analysed(trained_model
     for bad_arguments, message in cases:
         assert main([str(tiny_data.data_bin), *bad_arguments, "--output-dir", str(tmp_path / "out")]) == 2
         out, err = capsys.readouterr()
-        assert message in err and "analysing" not in out, bad_arguments
+        assert message in err and "analyzing" not in out, bad_arguments
     assert main([str(raw_text), "--path", good, "--output-dir", str(tmp_path / "out")]) == 2
     assert "is not a fairseq data-bin" in capsys.readouterr().err
     assert not (tmp_path / "out" / "analysis.json").exists()

@@ -22,6 +22,8 @@ from fairseq_entmax.analysis.training_log import (
 )
 from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
+pytestmark = pytest.mark.usefixtures("fairseq_plugin")
+
 # fairseq_cli.train's console format, and what its --log-file gets (the bare message)
 CONSOLE_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
 LOG_FILE_FORMAT = "%(message)s"

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from fairseq_entmax.modules import SparseMultiheadAttention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 
+pytestmark = pytest.mark.usefixtures("fairseq_plugin")
+
 EMBED_DIM = 16
 MAX_LEN = 60
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])

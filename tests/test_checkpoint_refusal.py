@@ -22,7 +22,7 @@ from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR, fairseq_command, run
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH_DEFAULT_OFF = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}

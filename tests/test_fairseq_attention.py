@@ -19,7 +19,7 @@ from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 from helpers import USER_DIR
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 # The session models' sizes and dropout 0 (conftest), without their architecture: each test
 # names its own.

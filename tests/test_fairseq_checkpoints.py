@@ -22,7 +22,7 @@ import torch
 from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 VERSION_1_CHECKPOINT = Path(__file__).parent / "data" / "alpha_entmax_checkpoint_v1.pt"
 ALPHA_SUFFIX = "normalizer.alpha_logit"

@@ -20,7 +20,7 @@ from fairseq_entmax.normalizers import NORMALIZER_NAMES
 from helpers import USER_DIR, arguments, fairseq_command, read_hypotheses, run, run_interactive, run_on_model
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 
 def train_command(tiny_data, save_dir, *arguments):

@@ -18,7 +18,7 @@ from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 # fairseq-train, plus: keep the model's parameters before and after training, the ids of the
 # sentences each update trained on and the classes wrapping the model in a file, so the test

@@ -17,7 +17,7 @@ from conftest import TINY_MODEL_ARGS
 from helpers import USER_DIR, train_tiny
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 # fairseq's own architecture with the tiny models' sizes.
 assert TINY_MODEL_ARGS[:2] == ["--arch", "adaptively_sparse_transformer"]

@@ -17,7 +17,7 @@ import pytest
 from helpers import USER_DIR, arguments, fairseq_command, read_hypotheses, run, run_interactive, run_on_model
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 BEAM = 5
 MAX_LEN_B = 30  # fairseq's default max_len_a = 0: at most 30 target tokens, in all three tools

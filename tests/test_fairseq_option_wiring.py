@@ -20,7 +20,7 @@ from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsema
 from helpers import USER_DIR, fairseq_command, run
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 # (attention type, layer) of every attention of the tiny 2+2-layer models, in the order
 # sparse_attention_modules lists them.

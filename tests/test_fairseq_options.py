@@ -7,7 +7,7 @@ from fairseq import options
 from helpers import USER_DIR, fairseq_command, run
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 NORMALIZERS = "softmax, sparsemax, entmax15, alpha_entmax, topk"
 BAD_OPTIONS = [

@@ -16,7 +16,7 @@ import torch
 from helpers import USER_DIR, arguments, fairseq_command, run, run_interactive, train_tiny
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 N_TEST = 40  # sentences of the tiny test set
 BEAM, NBEST = 5, 3

@@ -17,7 +17,7 @@ from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR, fairseq_command, run
 
 # Every test here trains through fairseq-train or runs a fairseq command.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 # fairseq-train's own entry point (fairseq_cli.train.cli_main, what the fairseq-train script
 # runs), with two probes that save what the trainer holds: before the checkpoint is loaded

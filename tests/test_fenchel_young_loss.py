@@ -13,6 +13,8 @@ import torch
 
 from fairseq_entmax.criterions import fenchel_young_loss
 
+pytestmark = pytest.mark.usefixtures("fairseq_plugin")
+
 try:
     from entmax.losses import Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss
 except ImportError:

@@ -4,10 +4,12 @@ their function on the scores, own their learned alphas and survive a deep copy (
 
 import copy
 import math
+import shlex
 
 import pytest
 import torch
 
+from fairseq_entmax.names import NORMALIZER_LABELS
 from fairseq_entmax.normalizers import (
     NORMALIZER_NAMES,
     LearnedAlphaEntmax,
@@ -87,6 +89,13 @@ def test_a_deep_copy_follows_its_own_alphas():
     torch.testing.assert_close(copied(x).detach(), expected, atol=1e-6, rtol=0)
 
 
+def test_every_name_builds_its_normalizer_and_is_a_plain_command_line_word():
+    for name in NORMALIZER_NAMES:
+        assert build_normalizer(name, HEADS).name == name
+        assert shlex.quote(name) == name  # `--attention-normalizer NAME`, `--models NAME` unquoted
+    assert len(set(NORMALIZER_LABELS.values())) == len(NORMALIZER_NAMES)
+
+
 def test_unknown_name_lists_known_ones():
     with pytest.raises(ValueError) as error:
         build_normalizer("entmax", HEADS)
@@ -99,3 +108,24 @@ def test_alpha_init_two_starts_just_below_two():
     assert isinstance(normalizer, LearnedAlphaEntmax)
     assert math.isfinite(float(normalizer.alpha_logit.detach()[0]))
     torch.testing.assert_close(normalizer.learned_alpha().detach(), torch.full((HEADS,), 2.0), atol=2e-6, rtol=0)
+
+
+def test_learned_alpha_loads_its_alphas_or_keeps_its_init_when_the_state_has_none(caplog):
+    """A state dict with alpha_logit loads it; one without (a model trained without learned alpha
+    here) keeps the alphas drawn from --alpha-init, says so in the log, and a strict load still
+    refuses an unexpected key."""
+    trained = build_normalizer("alpha_entmax", HEADS, alpha_init="random")
+    loaded = torch.nn.ModuleDict({"normalizer": build_normalizer("alpha_entmax", HEADS, alpha_init=1.5)})
+    loaded.load_state_dict({"normalizer.alpha_logit": trained.alpha_logit.detach()})
+    assert torch.equal(loaded["normalizer"].alpha_logit.detach(), trained.alpha_logit.detach())
+
+    fresh = torch.nn.ModuleDict({"normalizer": build_normalizer("alpha_entmax", HEADS, alpha_init=1.5)})
+    with caplog.at_level("INFO", logger="fairseq_entmax.normalizers.layers"):
+        fresh.load_state_dict({})
+    torch.testing.assert_close(fresh["normalizer"].learned_alpha().detach(), torch.full((HEADS,), 1.5))
+    assert caplog.messages == [
+        "normalizer.alpha_logit: not in the checkpoint (trained without learned alpha), so its 4 heads start "
+        "from --alpha-init 1.5: alpha 1.5, 1.5, 1.5, 1.5"
+    ]
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        fresh.load_state_dict({"normalizer.other": torch.zeros(1)})

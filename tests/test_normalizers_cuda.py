@@ -7,9 +7,9 @@ the CPU; and nothing synchronises the host (torch.cuda.set_sync_debug_mode("erro
 
 CI has no GPU: the device-independent tests run there on the CPU, on the sync-free path the
 GPU takes (forced by sync_free()); the others skip. On a GPU machine they need only torch,
-numpy and pytest (not fairseq, nor this suite's fairseq fixtures):
+numpy and pytest (not fairseq: the suite loads the plugin only for the fairseq tests):
 
-    PYTHONPATH=.:tests python -m pytest --noconftest tests/test_normalizers_cuda.py
+    python -m pytest tests/test_normalizers_cuda.py
 """
 
 import contextlib

@@ -13,6 +13,8 @@ from fairseq.data import FairseqDataset
 from fairseq_entmax import repairs
 from fairseq_entmax.repairs.patching import Repair, Replacement, _resolve
 
+pytestmark = pytest.mark.usefixtures("fairseq_plugin")
+
 
 @pytest.fixture
 def plain_fairseq():

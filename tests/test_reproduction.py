@@ -25,7 +25,6 @@ from examples.reproduction.reduced_scale import (
     parse_args,
     planned_runs,
     summarize,
-    t_quantile,
 )
 from helpers import run
 
@@ -239,29 +238,6 @@ def test_missing_data_is_reported_before_any_work(tmp_path):
 
 
 # --- the report's pure parts, on hand-made rows ---------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "probability,df,expected",
-    # Student's t table (two-sided 95%: 0.975; one-sided 95%: 0.95), to its 3 decimals.
-    [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 3, 3.182), (0.975, 4, 2.776), (0.975, 10, 2.228)]
-    + [(0.975, 30, 2.042), (0.95, 5, 2.015), (0.995, 2, 9.925)],
-)
-def test_t_quantile_agrees_with_the_printed_table(probability, df, expected):
-    assert t_quantile(probability, df) == pytest.approx(expected, abs=5e-4)
-
-
-def test_t_quantile_agrees_with_scipy_where_it_is_installed():
-    stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 3, 7, 20, 101):
-        for probability in (0.6, 0.9, 0.975, 0.999):
-            assert t_quantile(probability, df) == pytest.approx(stats.t.ppf(probability, df), rel=1e-9)
-
-
-def test_t_quantile_refuses_what_it_cannot_compute():
-    for probability, df in ((0.975, 0), (0.975, 2.5), (0.4, 3), (1.0, 3)):
-        with pytest.raises(ValueError):
-            t_quantile(probability, df)
 
 
 def test_paired_interval_of_known_differences():

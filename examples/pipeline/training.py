@@ -8,10 +8,10 @@ import zipfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from fairseq_entmax.names import NORMALIZER_NAMES as VARIANTS
+
 from .markers import done_with, is_done, mark_done, read_done
 from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
-
-VARIANTS = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
 
 # fairseq's Transformer size options, each given once for the encoder and once for the decoder.
 MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")

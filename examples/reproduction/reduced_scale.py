@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from scipy.stats import t as student_t
+
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset
@@ -432,58 +434,6 @@ def _mean_spread(values, digits=2):
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def _central_t_probability(t, df):
-    """P(|T| <= t) for Student's t with an integer number of degrees of freedom, in closed form
-    (Abramowitz and Stegun 26.7.3 and 26.7.4: a finite series in cos(theta), theta =
-    atan(t / sqrt(df)))."""
-    theta = math.atan(t / math.sqrt(df))
-    cos2 = math.cos(theta) ** 2
-    term = total = 1.0
-    if df % 2:
-        if df == 1:
-            return 2 * theta / math.pi
-        for k in range(1, (df - 1) // 2):
-            term *= 2 * k / (2 * k + 1) * cos2
-            total += term
-        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-    for k in range(1, df // 2):
-        term *= (2 * k - 1) / (2 * k) * cos2
-        total += term
-    return math.sin(theta) * total
-
-
-def t_quantile(probability, df):
-    """A quantile of Student's t distribution, from its closed-form distribution function, so
-    that no statistics package is needed.
-
-    Args:
-        probability: P(T <= t), between 0.5 and 1 (0.975 for a two-sided 95% interval).
-        df: the degrees of freedom, an integer >= 1.
-
-    Returns:
-        t, to a relative precision of about 1e-12.
-
-    Raises:
-        ValueError: df is not an integer >= 1, or probability is not between 0.5 and 1.
-    """
-    if df < 1 or int(df) != df:
-        raise ValueError(f"degrees of freedom must be an integer >= 1, got {df}")
-    if not 0.5 < probability < 1:
-        raise ValueError(f"probability must be between 0.5 and 1, got {probability}")
-    df, coverage = int(df), 2 * probability - 1
-    low, high = 0.0, 1.0
-    while _central_t_probability(high, df) < coverage:
-        low, high = high, 2 * high
-    # P(|T| <= t) grows with t: bisection.
-    while high - low > 1e-12 * high:
-        middle = (low + high) / 2
-        if _central_t_probability(middle, df) < coverage:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2
-
-
 def paired_interval(differences, confidence=CONFIDENCE):
     """The mean of paired differences with its t-interval.
 
@@ -500,7 +450,7 @@ def paired_interval(differences, confidence=CONFIDENCE):
     result = {"n": n, "mean": statistics.mean(differences) if n else None, "sd": None, "low": None, "high": None}
     if n >= 2:
         sd = statistics.stdev(differences)
-        half = t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+        half = float(student_t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
         result.update(sd=sd, low=result["mean"] - half, high=result["mean"] + half)
     return result
 

@@ -32,7 +32,7 @@ def build_parser():
         action="append",
         required=True,
         metavar="CHECKPOINT",
-        help="checkpoint to analyse; repeat to compare several models",
+        help="checkpoint to analyze; repeat to compare several models",
     )
     parser.add_argument(
         "--name",
@@ -64,7 +64,7 @@ def build_parser():
     )
     parser.add_argument("--output-dir", required=True, help="where analysis.json, the tables and figures go")
     parser.add_argument(
-        "--num-sentences", type=int, metavar="N", help="analyse only the first N sentences of the subset (default: all)"
+        "--num-sentences", type=int, metavar="N", help="analyze only the first N sentences of the subset (default: all)"
     )
     parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per batch (default: 4000)")
     parser.add_argument("--batch-size", type=int, help="sentences per batch (default: limited by --max-tokens)")

@@ -13,12 +13,12 @@ from fairseq_entmax import USER_DIR
 
 @dataclass(frozen=True)
 class AnalysisOptions:
-    """How checkpoints are analysed: the same for every checkpoint of one analysis.
+    """How checkpoints are analyzed: the same for every checkpoint of one analysis.
 
     Attributes:
         subset: the data subset to run over (fairseq's --gen-subset).
         user_dir: the fairseq --user-dir the models need (default: this package).
-        num_sentences: analyse only the first N sentences (lines) of the subset; None: all.
+        num_sentences: analyze only the first N sentences (lines) of the subset; None: all.
         max_tokens: tokens per batch (fairseq's --max-tokens); None: no limit.
         batch_size: sentences per batch; None: limited by max_tokens only.
         sentence_id: the sentence (0-based line) whose attention maps are drawn.

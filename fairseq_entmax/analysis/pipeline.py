@@ -6,18 +6,18 @@ from pathlib import Path
 
 from fairseq_entmax.analysis.options import AnalysisOptions
 from fairseq_entmax.analysis.report import file_label, write_json, write_tables
-from fairseq_entmax.analysis.runner import analyse_checkpoint, model_name
+from fairseq_entmax.analysis.runner import analyze_checkpoint, model_name
 
 logger = logging.getLogger(__name__)
 
 # The files the last analysis wrote into its output directory, one per line: a later
 # analysis into the same directory removes those it does not write again (figures of models
-# no longer analysed), and nothing else.
+# no longer analyzed), and nothing else.
 MANIFEST = "written_files.txt"
 
 
 def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=None, **option_values):
-    """Analyse the attention of one or more fairseq checkpoints on a subset of a data-bin.
+    """Analyze the attention of one or more fairseq checkpoints on a subset of a data-bin.
 
     Args:
         paths: checkpoint files (several to compare models).
@@ -62,8 +62,8 @@ def analyze(paths, data, output_dir, *, options=None, names=None, train_logs=Non
     models, maps = [], []
     for index, path in enumerate(paths):
         name = names[index]
-        logger.info("analysing %s (%s) on subset %s", name, path, subset)
-        result = analyse_checkpoint(
+        logger.info("analyzing %s (%s) on subset %s", name, path, subset)
+        result = analyze_checkpoint(
             path,
             data,
             options,

@@ -324,7 +324,7 @@ def attention_maps(model, maps, output_dir):
 
     Args:
         model: one model's entry of analysis.json (docs/analysis.md).
-        maps: the model's attention maps, as analyse_checkpoint returns them: "sentence_id"
+        maps: the model's attention maps, as analyze_checkpoint returns them: "sentence_id"
             (None: no maps), "source_tokens", "target_tokens", and per (attention type, layer)
             an array of weights (heads, queries, keys).
         output_dir: where the figures are written.

@@ -126,7 +126,7 @@ def write_json(analysis, output_dir):
     """Write analysis.json.
 
     Args:
-        analysis: {"models": [...]}, each model's entry as analyse_checkpoint returns it.
+        analysis: {"models": [...]}, each model's entry as analyze_checkpoint returns it.
         output_dir: where analysis.json is written.
 
     Returns:

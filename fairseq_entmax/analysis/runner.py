@@ -7,6 +7,7 @@ the chosen sentence's, kept for its attention maps.
 
 import logging
 from argparse import Namespace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -140,8 +141,142 @@ def model_name(path, taken):
     return name
 
 
-def analyse_checkpoint(path, data, options, name=None, train_log=None):
-    """Analyse one checkpoint.
+@dataclass
+class _Vocabulary:
+    """The dictionaries of the model's task and their per-entry tables, on the device."""
+
+    source: object  # fairseq Dictionary
+    target: object
+    source_continues: torch.Tensor
+    target_continues: torch.Tensor
+    source_questions: torch.Tensor
+    target_questions: torch.Tensor
+
+    @classmethod
+    def of(cls, task, device):
+        """The vocabulary of a fairseq translation task.
+
+        Args:
+            task: the task of the checkpoint (its source and target dictionaries).
+            device: where the tables go (that of the model).
+
+        Returns:
+            A _Vocabulary.
+        """
+        source, target = task.source_dictionary, task.target_dictionary
+        return cls(
+            source,
+            target,
+            _continuation_table(source).to(device),
+            _continuation_table(target).to(device),
+            _question_table(source).to(device),
+            _question_table(target).to(device),
+        )
+
+    @property
+    def pad(self):
+        """The padding index, that of the source dictionary (fairseq's dictionaries share it)."""
+        return self.source.pad()
+
+
+class _AttentionCollector:
+    """What capture_attention hands each site's weights to: the running statistics of every
+    head, and the chosen sentence's attention maps.
+
+    `start_batch(sample)` before each forward pass sets the batch's masks and tokens; calling
+    the collector with (site, weights) then adds that site's weights.
+
+    Attributes:
+        statistics: {(attention type, layer): HeadStatistics}.
+        maps: {"sentence_id": the chosen sentence's id once seen, else None; and once seen,
+            "source_tokens", "target_tokens" and per (attention type, layer) its weights
+            (heads, queries, keys) as a numpy array}.
+    """
+
+    def __init__(self, sites, vocabulary, sentence_id):
+        self.statistics = {(s.attention, s.layer): HeadStatistics(s.num_heads) for s in sites}
+        self.maps = {"sentence_id": None}
+        self._vocabulary = vocabulary
+        self._sentence_id = sentence_id
+        self._context = self._questions = self._chosen = None
+
+    def start_batch(self, sample):
+        """Take the masks, tokens and question keys of the batch the model is to run on, and
+        the chosen sentence's tokens if it is in it."""
+        vocabulary = self._vocabulary
+        pad = vocabulary.pad
+        self._context = _batch_context(sample, pad, vocabulary.source_continues, vocabulary.target_continues)
+        self._questions = _question_keys(sample, vocabulary.source_questions, vocabulary.target_questions)
+        ids = sample["id"].tolist()
+        self._chosen = ids.index(self._sentence_id) if self._sentence_id in ids else None
+        if self._chosen is not None:
+            src = sample["net_input"]["src_tokens"][self._chosen]
+            prev = sample["net_input"]["prev_output_tokens"][self._chosen]
+            self.maps["sentence_id"] = self._sentence_id
+            self.maps["source_tokens"] = [vocabulary.source[int(t)] for t in src[src.ne(pad)]]
+            self.maps["target_tokens"] = [vocabulary.target[int(t)] for t in prev[prev.ne(pad)]]
+
+    def __call__(self, site, weights):
+        query_mask, key_mask, tokens, continues = self._context[site.attention]
+        expected = (query_mask.size(0), query_mask.size(1), key_mask.size(-1))
+        if tuple(weights.shape[1:]) != expected:
+            raise RuntimeError(
+                f"{site.name} returned weights of shape {tuple(weights.shape)}, expected "
+                f"(heads, batch, queries, keys) = (*, {expected[0]}, {expected[1]}, {expected[2]})"
+            )
+        self.statistics[(site.attention, site.layer)].update(
+            weights, query_mask, key_mask, tokens, continues, question_keys=self._questions[site.attention]
+        )
+        if self._chosen is not None:
+            queries = query_mask[self._chosen].nonzero().squeeze(-1)
+            keys = key_mask.expand(expected)[self._chosen].any(0).nonzero().squeeze(-1)
+            chosen = weights[:, self._chosen][:, queries][:, :, keys]
+            self.maps[(site.attention, site.layer)] = chosen.float().cpu().numpy()
+
+
+def _run_batches(model, dataset, batches, sites, collector, device, progress, label):
+    """Run the model with teacher forcing over `batches`, every site's weights going to
+    `collector`.
+
+    Args:
+        model: the model, in eval mode on `device`.
+        dataset: the subset's fairseq dataset.
+        batches: lists of dataset indices (_first_sentences_in_batches).
+        sites: the model's AttentionSite's.
+        collector: the _AttentionCollector.
+        device: the torch device.
+        progress: show fairseq's progress bar (else nothing).
+        label: the model's label in the progress bar.
+
+    Returns:
+        The number of sentences run.
+    """
+    from fairseq import utils
+    from fairseq.logging import progress_bar
+
+    # fairseq's progress bar: tqdm on a terminal, a log line every tenth of the batches otherwise
+    bar = progress_bar.progress_bar(
+        batches,
+        log_format=None if progress else "none",
+        log_interval=max(1, len(batches) // 10),
+        prefix=f"analyzing {label}",
+        default_log_format="tqdm",
+    )
+    sentences = 0
+    with torch.no_grad(), capture_attention(sites, collector):
+        for batch_indices in bar:
+            sample = dataset.collater([dataset[i] for i in batch_indices])
+            if device.type == "cuda":
+                sample = utils.move_to_cuda(sample, device=device)
+            collector.start_batch(sample)
+            model(**sample["net_input"])
+            sentences += len(sample["id"])
+            bar.log({"sentences": sentences})
+    return sentences
+
+
+def analyze_checkpoint(path, data, options, name=None, train_log=None):
+    """Analyze one checkpoint.
 
     Args:
         path: the checkpoint file.
@@ -157,110 +292,52 @@ def analyse_checkpoint(path, data, options, name=None, train_log=None):
         chosen sentence's attention (for the figures; not serialised).
     """
     from fairseq import utils
-    from fairseq.logging import progress_bar
 
-    subset, sentence_id = options.subset, options.sentence_id
     model, cfg, task = load_checkpoint(path, data, options.user_dir)
     device = torch.device(options.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device).eval()
     sites = attention_sites(model)
-    task.load_dataset(subset)
-    dataset = task.dataset(subset)
-    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    pad = src_dict.pad()
-    source_continues = _continuation_table(src_dict).to(device)
-    target_continues = _continuation_table(tgt_dict).to(device)
-    source_questions = _question_table(src_dict).to(device)
-    target_questions = _question_table(tgt_dict).to(device)
-
+    task.load_dataset(options.subset)
+    dataset = task.dataset(options.subset)
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     batches = _first_sentences_in_batches(
-        dataset,
-        options.num_sentences,
-        max_positions,
-        options.max_tokens,
-        options.batch_size,
+        dataset, options.num_sentences, max_positions, options.max_tokens, options.batch_size
     )
     if len(batches) == 0:
-        raise ValueError(f"subset {subset!r} of {data} gives no sentences to analyse")
+        raise ValueError(f"subset {options.subset!r} of {data} gives no sentences to analyze")
 
-    statistics = {(s.attention, s.layer): HeadStatistics(s.num_heads) for s in sites}
-    maps = {"sentence_id": None}
-    state = {}
-
-    def receive(site, weights):
-        query_mask, key_mask, tokens, continues = state["context"][site.attention]
-        expected = (query_mask.size(0), query_mask.size(1), key_mask.size(-1))
-        if tuple(weights.shape[1:]) != expected:
-            raise RuntimeError(
-                f"{site.name} returned weights of shape {tuple(weights.shape)}, expected "
-                f"(heads, batch, queries, keys) = (*, {expected[0]}, {expected[1]}, {expected[2]})"
-            )
-        statistics[(site.attention, site.layer)].update(
-            weights, query_mask, key_mask, tokens, continues, question_keys=state["questions"][site.attention]
-        )
-        if state["chosen"] is not None:
-            row = state["chosen"]
-            queries = query_mask[row].nonzero().squeeze(-1)
-            keys = key_mask.expand(expected)[row].any(0).nonzero().squeeze(-1)
-            maps[(site.attention, site.layer)] = weights[:, row][:, queries][:, :, keys].float().cpu().numpy()
-
-    n_sentences = 0
     label = name or str(path)
-    # fairseq's progress bar: tqdm on a terminal, a log line every tenth of the batches otherwise
-    bar = progress_bar.progress_bar(
-        batches,
-        log_format=None if options.progress else "none",
-        log_interval=max(1, len(batches) // 10),
-        prefix=f"analysing {label}",
-        default_log_format="tqdm",
-    )
-    with torch.no_grad(), capture_attention(sites, receive):
-        for batch_indices in bar:
-            sample = dataset.collater([dataset[i] for i in batch_indices])
-            if device.type == "cuda":
-                sample = utils.move_to_cuda(sample, device=device)
-            net_input = sample["net_input"]
-            state["context"] = _batch_context(sample, pad, source_continues, target_continues)
-            state["questions"] = _question_keys(sample, source_questions, target_questions)
-            ids = sample["id"].tolist()
-            state["chosen"] = ids.index(sentence_id) if sentence_id in ids else None
-            if state["chosen"] is not None:
-                row = state["chosen"]
-                src = net_input["src_tokens"][row]
-                prev = net_input["prev_output_tokens"][row]
-                maps["sentence_id"] = sentence_id
-                maps["source_tokens"] = [src_dict[int(t)] for t in src[src.ne(pad)]]
-                maps["target_tokens"] = [tgt_dict[int(t)] for t in prev[prev.ne(pad)]]
-            model(**net_input)
-            n_sentences += len(ids)
-            bar.log({"sentences": n_sentences})
-
-    if sentence_id is not None and maps["sentence_id"] is None:
+    collector = _AttentionCollector(sites, _Vocabulary.of(task, device), options.sentence_id)
+    sentences = _run_batches(model, dataset, batches, sites, collector, device, options.progress, label)
+    if options.sentence_id is not None and collector.maps["sentence_id"] is None:
         logger.warning(
-            "sentence %d is not among the %d analysed sentences: no attention maps drawn", sentence_id, n_sentences
+            "sentence %d is not among the %d analyzed sentences: no attention maps drawn",
+            options.sentence_id,
+            sentences,
         )
-    result = _summarise(
-        sites, statistics, options.positional_threshold, options.bpe_threshold, options.interrogation_threshold
+    summary = _summarise(
+        sites,
+        collector.statistics,
+        options.positional_threshold,
+        options.bpe_threshold,
+        options.interrogation_threshold,
     )
-    result = {"path": str(path), "name": label, "subset": subset, "sentences": n_sentences, **result}
+    result = {"path": str(path), "name": label, "subset": options.subset, "sentences": sentences, **summary}
     result["alpha_trajectories"], result["training_log"] = _trajectories(cfg, train_log)
     result["validation_curve"] = _validation_curve(cfg, train_log)
-    result["_attention_maps"] = maps
+    result["_attention_maps"] = collector.maps
     return result
+
+
+def _training_logs(cfg, train_log):
+    """Where to read the training log: `train_log` if given, else the --tensorboard-logdir and
+    the --log-file the checkpoint recorded (each may be None)."""
+    return [train_log] if train_log else [cfg.common.get("tensorboard_logdir"), cfg.common.get("log_file")]
 
 
 def _trajectories(cfg, train_log):
     """Alpha trajectories from `train_log`, else from what the checkpoint says it logged to."""
-    candidates = (
-        [train_log]
-        if train_log
-        else [
-            cfg.common.get("tensorboard_logdir"),
-            cfg.common.get("log_file"),
-        ]
-    )
-    for candidate in candidates:
+    for candidate in _training_logs(cfg, train_log):
         if candidate and Path(candidate).exists():
             trajectories = read_trajectories(candidate)
             if trajectories or train_log:
@@ -274,15 +351,7 @@ def _validation_curve(cfg, train_log):
     """The validation learning curve (of the run's first --valid-subset) from `train_log`, else
     from the --tensorboard-logdir or --log-file the checkpoint recorded; None if none has one."""
     subset = (cfg.dataset.get("valid_subset") or "valid").split(",")[0]
-    candidates = (
-        [train_log]
-        if train_log
-        else [
-            cfg.common.get("tensorboard_logdir"),
-            cfg.common.get("log_file"),
-        ]
-    )
-    for candidate in candidates:
+    for candidate in _training_logs(cfg, train_log):
         if candidate and Path(candidate).exists():
             curve = read_validation_curve(candidate, subset)
             if curve:
@@ -291,16 +360,10 @@ def _validation_curve(cfg, train_log):
 
 
 def _summarise(sites, statistics, positional_threshold, bpe_threshold, interrogation_threshold):
-    normalizers, alpha, density, js, positional, positional_heads, merging, merging_heads = (
-        {},
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-    )
+    """The per-head results of analysis.json from the statistics of every site, with the heads
+    whose previous/next-token weight, BPE-merging mass or question-mark mass reaches its threshold."""
+    normalizers, alpha, density, js = {}, [], [], []
+    positional, positional_heads, merging, merging_heads = [], [], [], []
     interrogation, interrogation_heads = [], []
     for site in sites:
         key = dict(attention=site.attention, layer=site.layer)

@@ -1,13 +1,9 @@
 """fairseq's MultiheadAttention with the softmax replaced by a normalizer module."""
 
-import logging
-
 import torch
 from fairseq.modules import MultiheadAttention
 
 from fairseq_entmax.names import ATTENTION_TYPES
-
-logger = logging.getLogger(__name__)
 
 # Version of what this module stores beyond fairseq's MultiheadAttention, written beside the
 # learned alphas (the only parameters of a normalizer):
@@ -77,17 +73,16 @@ class SparseMultiheadAttention(MultiheadAttention):
         self.normalizer.set_num_updates(num_updates)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Bring what this module stores in a state dict to the current STATE_VERSION, or,
-        from a checkpoint without a learned alpha here, start the alpha from its init.
+        """Bring what this module stores in a state dict to the current STATE_VERSION.
 
         fairseq calls this on every module before a model loads a state dict (fine-tuning
         with --finetune-from-model or --restore-file, resuming, generation, the hub). Modules
-        without a learned alpha store nothing of their own (their keys are those of
-        fairseq's MultiheadAttention) and are left as fairseq leaves them. A state dict that
-        holds neither learned alphas nor the version key for this module comes from a model
-        without learned alpha here (fairseq's transformer, or this package's softmax, entmax15,
-        sparsemax or top-k): the normalizer's own initial alpha_logit, drawn from its init,
-        is put in, and logged, so that the strict load that follows checks every other key.
+        whose normalizer learns nothing store nothing of their own (their keys are those of
+        fairseq's MultiheadAttention) and are left as fairseq leaves them. A state dict
+        without the version key here is of version 1 if it holds this module's own
+        alpha_logit, and of the current layout otherwise: fairseq's EMA restores parameters
+        alone, and a model trained without learned alpha here stores nothing of the
+        normalizer, which then keeps its initial alphas (LearnedAlphaEntmax's load).
 
         Args:
             state_dict: the model's state dict, changed in place.
@@ -101,25 +96,11 @@ class SparseMultiheadAttention(MultiheadAttention):
             return
         prefix = f"{name}." if name else ""
         key = prefix + STATE_VERSION_KEY
-        stored = [prefix + "alpha_logit", prefix + "normalizer.alpha_logit"]
-        if key not in state_dict and not any(alpha_key in state_dict for alpha_key in stored):
-            state_dict[stored[-1]] = self.normalizer.alpha_logit.detach().clone()
-            state_dict[key] = torch.tensor([STATE_VERSION])
-            logger.info(
-                "%s: not in the checkpoint (trained without learned alpha), so its %d heads start "
-                "from --alpha-init %s: alpha %s",
-                stored[-1],
-                self.num_heads,
-                self.normalizer.init,
-                ", ".join(f"{alpha:.7g}" for alpha in self.normalizer.learned_alpha().tolist()),
-            )
-            return
         if key in state_dict:
             version = int(state_dict[key].reshape(-1)[0])
-        elif stored[0] in state_dict:
+        elif prefix + "alpha_logit" in state_dict:
             version = 1  # written before the version key existed
         else:
-            # The current layout without the key: fairseq's EMA restores parameters alone.
             version = STATE_VERSION
         if version > STATE_VERSION:
             raise ValueError(

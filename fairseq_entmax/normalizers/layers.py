@@ -12,16 +12,20 @@ calls it:
 Like the functions, these modules import torch only.
 """
 
+import logging
 import math
 
 import torch
 from torch import nn
 
+from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
 from fairseq_entmax.normalizers.sparsemax import sparsemax
 from fairseq_entmax.normalizers.topk import topk_softmax
+
+logger = logging.getLogger(__name__)
 
 # --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
 _MAX_SIGMOID = 1.0 - 1e-6
@@ -160,6 +164,34 @@ class LearnedAlphaEntmax(AttentionNormalizer):
             initial = torch.full((num_heads,), alpha_logit_for(float(init)))
         self.alpha_logit = nn.Parameter(initial)
 
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        """nn.Module's load, except that a state dict without alpha_logit here (that of a model
+        trained without learned alpha: fairseq's transformer, fine-tuned with
+        --finetune-from-model or --restore-file) keeps the alphas drawn from `init`, and says so
+        in the log: a strict load still checks every other key.
+
+        Args:
+            state_dict, prefix, local_metadata, strict, unexpected_keys, error_msgs: as
+                nn.Module._load_from_state_dict takes them.
+            missing_keys: the keys the load lacks; this module's alpha_logit is not one of them.
+        """
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        key = prefix + "alpha_logit"
+        if key in missing_keys:
+            missing_keys.remove(key)
+            logger.info(
+                "%s: not in the checkpoint (trained without learned alpha), so its %d heads start "
+                "from --alpha-init %s: alpha %s",
+                key,
+                self.num_heads,
+                self.init,
+                ", ".join(f"{alpha:.7g}" for alpha in self.learned_alpha().tolist()),
+            )
+
     def set_num_updates(self, num_updates):
         if self.warmup_updates:
             self.warmup_fraction = min(1.0, num_updates / self.warmup_updates)
@@ -189,7 +221,6 @@ class LearnedAlphaEntmax(AttentionNormalizer):
 
 
 _FIXED_ALPHA = {"softmax": (softmax, 1.0), "entmax15": (entmax15, 1.5), "sparsemax": (sparsemax, 2.0)}
-NORMALIZER_NAMES = ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
 
 
 def build_normalizer(
