@@ -27,6 +27,7 @@ from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import AttentionNormalizer
+from training import exit_for_failed_command
 
 
 def measure(data_bin, checkpoint, length, device):
@@ -149,7 +150,7 @@ def main():
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if done.returncode != 0 or not lines:
-            sys.exit(f"fairseq-generate failed on {checkpoint}:\n{done.stderr[-3000:]}")
+            exit_for_failed_command(done.args, done.stdout + done.stderr)
         result = json.loads(lines[-1][len("RESULT ") :])
         if not result["normalizers"]:
             sys.exit(f"{checkpoint}: no SparseMultiheadAttention was called; pass checkpoints of this package's models")

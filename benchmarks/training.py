@@ -111,6 +111,24 @@ SETTINGS = {
 DEFAULT_SETTINGS = ["paper-size", "long-small"]
 
 
+def exit_for_failed_command(args, output):
+    """End the benchmark after a command failed: with the command's own line and status 2 when
+    it refused a checkpoint (as fairseq-generate does, a problem of the user's input), else with
+    status 1 and the end of its output.
+
+    Args:
+        args: the command and its arguments.
+        output: what it printed, stdout and stderr.
+    """
+    from fairseq_entmax.repairs.checkpoint_safety import refusal_in
+
+    refusal = refusal_in(output)
+    if refusal is not None:
+        print(f"{Path(sys.argv[0]).name}: error: {refusal}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(f"command failed: {' '.join(map(str, args))}\n{output[-3000:]}")
+
+
 def run(args, log, gpu_peak_file=None):
     """Run a fairseq command; exit with its log's end if it fails.
 
@@ -129,7 +147,7 @@ def run(args, log, gpu_peak_file=None):
         _, status, usage = os.wait4(proc.pid, 0)
     text = Path(log).read_text()
     if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"command failed: {' '.join(map(str, args))}\n{text[-3000:]}")
+        exit_for_failed_command(args, text)
     if gpu_peak_file is not None:
         return text, json.loads(Path(gpu_peak_file).read_text())["peak_allocated_bytes"] / 2**20
     return text, usage.ru_maxrss / 1024

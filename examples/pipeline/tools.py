@@ -104,7 +104,8 @@ def run_logged(args, log_path, show=None, env=None):
         env: environment variables to set for the command, on top of this process's.
 
     Raises:
-        ToolError: the command failed; the message holds the log's last lines.
+        PipelineError: the command refused a checkpoint (the message is its refusal).
+        ToolError: the command failed otherwise; the message holds the log's last lines.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,5 +136,11 @@ def run_logged(args, log_path, show=None, env=None):
             proc.wait()
             raise
     if returncode != 0:
+        from fairseq_entmax.repairs.checkpoint_safety import refusal_in
+
+        # A refused checkpoint is the user's to fix: its one line, as the tool printed it.
+        refusal = refusal_in(log_path.read_text(encoding="utf-8"))
+        if refusal is not None:
+            raise PipelineError(refusal)
         tail = "".join(log_path.read_text(encoding="utf-8").splitlines(keepends=True)[-25:])
         raise ToolError(f"{Path(args[0]).name} failed (exit {returncode}); full log in {log_path}; last lines:\n{tail}")
