@@ -231,3 +231,21 @@ def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, t
     assert (tmp_path / "avg.pt").exists()
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     assert_payload_is_live(checkpoint, marker)
+
+
+def test_a_recipe_stage_ends_a_refused_checkpoint_with_its_line(tmp_path):
+    """The examples run fairseq's commands through run_logged: a command that refused a
+    checkpoint becomes the PipelineError of its refusal line (exit status 2), not a failed tool."""
+    from examples.pipeline.tools import PipelineError, ToolError, run_logged
+
+    refusal = "Refusing to load checkpoint ckpt.pt: it contains a pickled posix.system, which is not ..."
+    printing = [
+        sys.executable,
+        "-c",
+        f"import sys; print('fairseq-generate: error: {refusal}', file=sys.stderr); sys.exit(2)",
+    ]
+    with pytest.raises(PipelineError) as raised:
+        run_logged(printing, tmp_path / "refused.log")
+    assert str(raised.value) == refusal
+    with pytest.raises(ToolError, match="exit 3"):
+        run_logged([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "failed.log")

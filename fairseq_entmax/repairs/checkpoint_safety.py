@@ -103,7 +103,7 @@ def refusal_in(output):
         The refusal, one line without the command's "NAME: error: " before it; None when the
         output holds none.
     """
-    found = re.search(rf"^(?:.*: error: )?({re.escape(_REFUSAL_START)}.*)$", output, flags=re.MULTILINE)
+    found = re.search(rf"^(?:[^\s:]+: error: )?({re.escape(_REFUSAL_START)}.*)$", output, flags=re.MULTILINE)
     return found.group(1) if found else None
 
 
