@@ -16,13 +16,13 @@ On a GPU every timed call is synchronised, which slows the run a little.
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from examples.pipeline.tools import run_logged, run_reporting_errors
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.names import ATTENTION_TYPES
@@ -131,7 +131,7 @@ def main():
     print("|---|---|---|---|---|" + "---|" * len(ATTENTION_TYPES))
     for checkpoint in args.path:
         # One process per checkpoint, so that no run inherits another's warm caches.
-        done = subprocess.run(
+        done = run_logged(
             [
                 sys.executable,
                 __file__,
@@ -143,13 +143,11 @@ def main():
                 "--device",
                 args.device,
                 "--worker",
-            ],
-            capture_output=True,
-            text=True,
+            ]
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode != 0 or not lines:
-            sys.exit(f"fairseq-generate failed on {checkpoint}:\n{done.stderr[-3000:]}")
+        if not lines:
+            sys.exit(f"{checkpoint}: the measurement printed no result:\n{done.stderr[-3000:]}")
         result = json.loads(lines[-1][len("RESULT ") :])
         if not result["normalizers"]:
             sys.exit(f"{checkpoint}: no SparseMultiheadAttention was called; pass checkpoints of this package's models")
@@ -165,4 +163,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_reporting_errors(lambda _: main(), None))

@@ -27,11 +27,11 @@ from argparse import Namespace
 from pathlib import Path
 
 import torch
-from fairseq import checkpoint_utils, utils
+from fairseq import checkpoint_utils
 
 from benchmarks.normalizers import CLOCKS, machine_description
-from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
+from fairseq_entmax.plugin import import_user_dir
 
 REPO = Path(__file__).resolve().parents[1]
 NORMALIZERS = "fairseq_entmax/normalizers"
@@ -158,7 +158,7 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(1)
     random.seed(1)
-    utils.import_user_module(Namespace(user_dir=str(USER_DIR)))
+    import_user_dir()  # the models and the safe checkpoint loading, before the checkpoint is read
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(args.path)], arg_overrides={"data": str(args.data_bin)}
     )

@@ -136,7 +136,8 @@ def run(args, log, gpu_peak_file=None):
         resident set size, or on the GPU what torch allocated there, from gpu_peak_file).
 
     Raises:
-        ToolError: the command failed; the message holds the end of its output.
+        PipelineError: the command refused a checkpoint (its one line).
+        ToolError: the command failed otherwise; the message holds the end of its output.
     """
     finished = run_logged(args, log)
     if gpu_peak_file is not None:
@@ -510,7 +511,11 @@ def main():
     if args.fp16 and args.device != "cuda":
         parser.error("--fp16 needs --device cuda (fairseq trains in fp16 on GPUs only)")
     if not (args.data / "train.de").exists():
-        sys.exit(f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en")
+        parser.error(
+            f"{args.data}/train.de not found: pass --data, a folder with train.de and train.en (any "
+            "German-English text, e.g. Multi30k as examples.reproduction.reduced_scale downloads it "
+            "into ~/.cache/fairseq-entmax/multi30k)"
+        )
     cuda = args.device == "cuda"
     device_args = ["--fp16"] if args.fp16 else []
     if not cuda:

@@ -1,6 +1,7 @@
 """A checkpoint carrying a payload that would run code is refused wherever a checkpoint is
 read, and nothing of it runs: fairseq-train resuming (--restore-file, checkpoint_last.pt in
---save-dir), fairseq-generate, -interactive, -validate, fairseq-entmax-analyze, the hub
+--save-dir), fairseq-generate, -interactive, -validate, fairseq-entmax-analyze (its --user-dir
+naming the package folder, USER_DIR or nothing), benchmarks/generation_speed.py, the hub
 interface and the recipes' checkpoint averaging. The commands end with exit status 2 and a
 message naming the file, no traceback.
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import fairseq_entmax
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from helpers import USER_DIR, fairseq_command, run
 
@@ -25,6 +27,8 @@ from helpers import USER_DIR, fairseq_command, run
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
 
 REPO = Path(__file__).resolve().parents[1]
+# The folder the README gives --user-dir.
+PACKAGE_FOLDER = os.path.dirname(fairseq_entmax.__file__)
 TORCH_DEFAULT_OFF = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
 
@@ -129,17 +133,30 @@ COMMANDS = {
         ],
         c,
     ),
-    "analyze": lambda c, m, t: (
-        [
-            fairseq_command("fairseq-entmax-analyze"),
-            m.data_bin,
-            "--path",
+    # fairseq-entmax-analyze by every route to the plugin (it reads the checkpoint in its process)
+    **{
+        f"analyze{route}": lambda c, m, t, user_dir=user_dir: (
+            [
+                fairseq_command("fairseq-entmax-analyze"),
+                m.data_bin,
+                "--path",
+                c,
+                *user_dir,
+                "--output-dir",
+                t / "analysis",
+                "--cpu",
+                "--no-figures",
+            ],
             c,
-            "--output-dir",
-            t / "analysis",
-            "--cpu",
-            "--no-figures",
-        ],
+        )
+        for route, user_dir in (
+            ("", []),
+            (" --user-dir package folder", ["--user-dir", PACKAGE_FOLDER]),
+            (" --user-dir USER_DIR", ["--user-dir", USER_DIR]),
+        )
+    },
+    "benchmarks/generation_speed.py": lambda c, m, t: (
+        [sys.executable, REPO / "benchmarks" / "generation_speed.py", "--data-bin", m.data_bin, f"payload={c}"],
         c,
     ),
 }
@@ -199,13 +216,13 @@ def test_hub_interface_refuses_payload_checkpoint(payload):
 
 def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, tmp_path, monkeypatch):
     from examples.pipeline import checkpoints
-    from fairseq_entmax.repairs.checkpoint_safety import UnsafeCheckpointError
+    from examples.pipeline.tools import PipelineError
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     model = trained_model("softmax")
     marker = tmp_path / "payload_ran"
     checkpoint = write_payload_checkpoint(model.checkpoint, tmp_path / "checkpoint2.pt", marker)
-    with pytest.raises(UnsafeCheckpointError, match=f"Refusing to load checkpoint {checkpoint}: it contains"):
+    with pytest.raises(PipelineError, match=f"Refusing to load checkpoint {checkpoint}: it contains"):
         checkpoints.average_checkpoints([model.checkpoint, checkpoint], tmp_path / "avg.pt")
     assert not marker.exists(), "the payload ran"
     assert not (tmp_path / "avg.pt").exists()
@@ -214,3 +231,21 @@ def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, t
     assert (tmp_path / "avg.pt").exists()
     monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     assert_payload_is_live(checkpoint, marker)
+
+
+def test_a_recipe_stage_ends_a_refused_checkpoint_with_its_line(tmp_path):
+    """The examples run fairseq's commands through run_logged: a command that refused a
+    checkpoint becomes the PipelineError of its refusal line (exit status 2), not a failed tool."""
+    from examples.pipeline.tools import PipelineError, ToolError, run_logged
+
+    refusal = "Refusing to load checkpoint ckpt.pt: it contains a pickled posix.system, which is not ..."
+    printing = [
+        sys.executable,
+        "-c",
+        f"import sys; print('fairseq-generate: error: {refusal}', file=sys.stderr); sys.exit(2)",
+    ]
+    with pytest.raises(PipelineError) as raised:
+        run_logged(printing, tmp_path / "refused.log")
+    assert str(raised.value) == refusal
+    with pytest.raises(ToolError, match="exit 3"):
+        run_logged([sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path / "failed.log")

@@ -58,6 +58,8 @@ def tiny_reproduction(tmp_path_factory):
         "8",
         "--work-dir",
         work,
+        "--data",
+        SAMPLE,
     ]
     first = run(command, timeout=900, cwd=REPO)
     again = run(command, timeout=600, cwd=REPO)
@@ -177,6 +179,8 @@ def test_the_patience_stops_a_training_that_no_longer_improves(tmp_path):
             "1e-12",
             "--work-dir",
             work,
+            "--data",
+            SAMPLE,
         ],
         timeout=900,
         cwd=REPO,

@@ -15,12 +15,14 @@ def _checkpoint_order(path):
 
 def _load(path):
     """A checkpoint's state, read with torch's safe unpickler and the allowlist of fairseq's
-    checkpoint types (importing fairseq_entmax installs it): a checkpoint holding anything
-    else raises fairseq_entmax.repairs.checkpoint_safety.UnsafeCheckpointError and nothing of it runs."""
-    import fairseq_entmax  # noqa: F401 (the allowlist)
-    from fairseq_entmax.repairs.checkpoint_safety import load_checkpoint_safely
+    checkpoint types: a checkpoint holding anything else raises PipelineError (the refusal's
+    line, exit status 2) and nothing of it runs."""
+    from fairseq_entmax.repairs.checkpoint_safety import UnsafeCheckpointError, load_checkpoint_safely
 
-    return load_checkpoint_safely(path, map_location="cpu")
+    try:
+        return load_checkpoint_safely(path, map_location="cpu")
+    except UnsafeCheckpointError as error:
+        raise PipelineError(str(error)) from error
 
 
 def _num_updates(path):
@@ -61,8 +63,8 @@ def average_checkpoints(paths, out_path):
         out_path: where the averaged checkpoint is written.
 
     Raises:
-        fairseq_entmax.repairs.checkpoint_safety.UnsafeCheckpointError: a checkpoint holds a pickled
-            object outside fairseq's checkpoint types (nothing of it ran).
+        PipelineError: a checkpoint holds a pickled object outside fairseq's checkpoint types
+            (nothing of it ran).
     """
     from fairseq import checkpoint_utils
 

@@ -139,8 +139,10 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         Finished: its exit status, output and peak memory.
 
     Raises:
-        ToolError: it ran past the timeout, or (with check) failed; the message names the
-            command and holds the last lines of its output.
+        PipelineError: (with check) the command refused a checkpoint; the message is its
+            one-line refusal.
+        ToolError: it ran past the timeout, or (with check) failed otherwise; the message names
+            the command and holds the last lines of its output.
     """
     args = [str(a) for a in args]
     log_file = None
@@ -209,6 +211,12 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         usage.ru_maxrss / 1024,
     )
     if check and finished.returncode != 0:
+        from fairseq_entmax.repairs.checkpoint_safety import refusal_in
+
+        # A refused checkpoint is the user's to fix: its one line, as the tool printed it.
+        refusal = refusal_in(finished.stdout + finished.stderr)
+        if refusal is not None:
+            raise PipelineError(refusal)
         where = f"; full log in {log_path}" if log_path is not None else ""
         raise ToolError(
             f"{Path(args[0]).name} failed (exit {finished.returncode}){where}: {' '.join(args)}\n{_tail(captured)}"

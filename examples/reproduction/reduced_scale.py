@@ -36,10 +36,9 @@ from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, run_reporting_errors
 from examples.pipeline.training import VARIANTS, TrainSettings, model_size_args, training_summary
+from examples.reproduction import multi30k
 
 REPO = Path(__file__).resolve().parents[2]
-
-SHARED_DATA = REPO.parent / "shared" / "data"
 SRC, TGT = "de", "en"
 PAPER_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
 BASELINE = "softmax"
@@ -65,7 +64,6 @@ PAPER_ARCHITECTURE = {
 # "tiny": the converged budget's stages in minutes, to check the script.
 BUDGETS = {
     "converged": {
-        "data": "multi30k",
         "bpe_merges": 6000,
         "layers": 3,
         "dim": 128,
@@ -88,7 +86,6 @@ BUDGETS = {
         "max_len": None,
     },
     "tiny": {
-        "data": "iwslt16_de_en_sample",
         "bpe_merges": 500,
         "layers": 1,
         "dim": 64,
@@ -174,7 +171,7 @@ def parse_args(argv=None):
         argv: the arguments (default: sys.argv[1:]).
 
     Returns:
-        An argparse.Namespace, `data` filled in with the budget's corpus when not given.
+        An argparse.Namespace (`data` None: Multi30k from the cache).
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="converged")
@@ -191,8 +188,19 @@ def parse_args(argv=None):
     parser.add_argument(
         "--data",
         type=Path,
-        help="a folder with train/valid/test.{de,en} (default: the budget's "
-        "corpus in ../shared/data: multi30k for converged, iwslt16_de_en_sample for tiny)",
+        help="a folder with train/valid/test.{de,en} (default: Multi30k task 1, downloaded once into --cache-dir)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=multi30k.DEFAULT_CACHE,
+        help="where Multi30k is downloaded to and read from, without --data (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--download-from",
+        default=multi30k.OFFICIAL_SOURCE,
+        metavar="URL_OR_DIR",
+        help="where Multi30k's official <file>.gz are, a URL or a folder (default: %(default)s)",
     )
     parser.add_argument("--work-dir", type=Path, help="default: runs/reproduction-<budget>")
     parser.add_argument(
@@ -206,10 +214,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--lr", type=float, help="peak learning rate (default: per budget)")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process")
-    args = parser.parse_args(argv)
-    if args.data is None:
-        args.data = SHARED_DATA / BUDGETS[args.budget]["data"]
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv=None):
@@ -266,6 +271,8 @@ def run(args):
             budget[option] = getattr(args, option)
     work = (args.work_dir or REPO / "runs" / f"reproduction-{args.budget}").resolve()
     started = time.time()
+    if args.data is None:
+        args.data = multi30k.fetch_multi30k(args.cache_dir, args.download_from)
     files = {s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in SPLITS}
     check_parallel_corpus(files)
 

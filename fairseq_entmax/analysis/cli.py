@@ -3,14 +3,13 @@
 Example:
     fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\
         --path checkpoints/softmax/checkpoint_best.pt --path checkpoints/alpha/checkpoint_best.pt \\
-        --user-dir fairseq_entmax --subset valid --num-sentences 500 --output-dir analysis/
+        --subset valid --num-sentences 500 --output-dir analysis/
 """
 
 import argparse
 import logging
 import sys
 
-from fairseq_entmax import USER_DIR
 from fairseq_entmax.analysis.options import AnalysisOptions
 
 
@@ -52,8 +51,8 @@ def build_parser():
     )
     parser.add_argument(
         "--user-dir",
-        default=USER_DIR,
-        help="fairseq --user-dir the models need (default: the installed fairseq_entmax)",
+        help="a fairseq plugin folder the models need besides this one, which is always loaded "
+        "(this package's folder or fairseq_entmax.USER_DIR are accepted and add nothing)",
     )
     parser.add_argument(
         "--subset",

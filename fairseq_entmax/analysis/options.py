@@ -8,8 +8,6 @@ these values, so a bad value is refused the same way from both.
 from dataclasses import dataclass
 from typing import Optional
 
-from fairseq_entmax import USER_DIR
-
 
 @dataclass(frozen=True)
 class AnalysisOptions:
@@ -17,7 +15,8 @@ class AnalysisOptions:
 
     Attributes:
         subset: the data subset to run over (fairseq's --gen-subset).
-        user_dir: the fairseq --user-dir the models need (default: this package).
+        user_dir: a fairseq --user-dir to import besides this plugin, which is always loaded
+            (None, the default: this plugin alone; its package folder or USER_DIR: the same).
         num_sentences: analyze only the first N sentences (lines) of the subset; None: all.
         max_tokens: tokens per batch (fairseq's --max-tokens); None: no limit.
         batch_size: sentences per batch; None: limited by max_tokens only.
@@ -38,7 +37,7 @@ class AnalysisOptions:
     """
 
     subset: str = "valid"
-    user_dir: Optional[str] = USER_DIR
+    user_dir: Optional[str] = None
     num_sentences: Optional[int] = None
     max_tokens: Optional[int] = 4000
     batch_size: Optional[int] = None

@@ -6,14 +6,12 @@ the chosen sentence's, kept for its attention maps.
 """
 
 import logging
-from argparse import Namespace
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fairseq_entmax import USER_DIR
 from fairseq_entmax.analysis.capture import attention_sites, capture_attention
 from fairseq_entmax.analysis.metrics import HeadStatistics
 from fairseq_entmax.analysis.training_log import read_trajectories, read_validation_curve
@@ -21,13 +19,14 @@ from fairseq_entmax.analysis.training_log import read_trajectories, read_validat
 logger = logging.getLogger(__name__)
 
 
-def load_checkpoint(path, data, user_dir=USER_DIR):
+def load_checkpoint(path, data, user_dir=None):
     """Load one checkpoint as fairseq-generate does, its task reading `data`.
 
     Args:
         path: the checkpoint file.
         data: the fairseq data-bin its model was trained on.
-        user_dir: the --user-dir to import first (default: this package; None: none).
+        user_dir: a fairseq --user-dir to import besides this plugin, which is always loaded
+            (plugin.import_user_dir); None, this package's folder or USER_DIR: none.
 
     Returns:
         (model, cfg, task): the model (on the CPU, in training mode), the checkpoint's config
@@ -38,13 +37,14 @@ def load_checkpoint(path, data, user_dir=USER_DIR):
         ValueError: the file is cut short, or its weights do not fit the model built with
             `data`'s dictionaries.
     """
-    from fairseq import checkpoint_utils, utils
+    from fairseq import checkpoint_utils
+
+    from fairseq_entmax.plugin import import_user_dir
 
     if not Path(path).is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    if user_dir:
-        utils.import_user_module(Namespace(user_dir=user_dir))
-    # (importing fairseq_entmax allowed the types fairseq checkpoints hold: weights_only stays on)
+    # Before the checkpoint is read: the plugin's repairs load it with weights_only on.
+    import_user_dir(user_dir)
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
             [str(path)], arg_overrides={"data": str(data)}

@@ -89,13 +89,31 @@ def load_checkpoint_safely(f, map_location="cpu", **kwargs):
         raise UnsafeCheckpointError(_refusal_message(name, error)) from error
 
 
+_REFUSAL_START = "Refusing to load checkpoint "
+
+
+def refusal_in(output):
+    """The refusal of a checkpoint that a command (fairseq-generate, ...) printed, so that a
+    script running it can end with that line and status 2 as the command did.
+
+    Args:
+        output: the command's output, stdout and stderr.
+
+    Returns:
+        The refusal, one line without the command's "NAME: error: " before it; None when the
+        output holds none.
+    """
+    found = re.search(rf"^(?:[^\s:]+: error: )?({re.escape(_REFUSAL_START)}.*)$", output, flags=re.MULTILINE)
+    return found.group(1) if found else None
+
+
 def _refusal_message(path, error):
     # torch words it "Unsupported global: GLOBAL x.y", or, for a module it blocks
     # outright (os, posix, subprocess, ...), "unsupported GLOBAL x.y whose module ...".
     found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)", str(error))
     what = found.group(1) if found else "an object outside the allowlist"
     return (
-        f"Refusing to load checkpoint {path}: it contains a pickled {what}, which is "
+        f"{_REFUSAL_START}{path}: it contains a pickled {what}, which is "
         "not a type fairseq checkpoints hold, and unpickling it could run code. It was "
         "not unpickled (torch.load weights_only=True). Use checkpoints written by "
         "fairseq-train; if you wrote this file yourself and trust it, allowlist the "
