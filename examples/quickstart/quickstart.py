@@ -29,7 +29,7 @@ from pathlib import Path
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import is_done, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tools import log, run_reporting_errors
@@ -392,17 +392,11 @@ def run(args):
             train_and_evaluate(
                 data_bin,
                 work,
-                variant,
-                1,
+                Model(variant, 1, label=f"{variant} [{i}/{len(args.models)}]", threads=args.threads),
                 settings,
-                references_tok,
-                references_raw,
-                tgt,
-                label=f"{variant} [{i}/{len(args.models)}]",
+                References(references_tok, references_raw, tgt, tokenized_bleu=own_corpus),
+                Decoding(max_len=(1.5, 10)),
                 select="best" if own_corpus else "last",
-                max_len=(1.5, 10),
-                tokenized_bleu=own_corpus,
-                threads=args.threads,
             )
         )
     if own_corpus:

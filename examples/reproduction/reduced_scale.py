@@ -28,7 +28,7 @@ from pathlib import Path
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
@@ -290,18 +290,11 @@ def run(args):
         row = train_and_evaluate(
             data_bin,
             work,
-            variant,
-            seed,
+            Model(variant, seed, label=f"{variant} seed {seed} [{i}/{len(runs)}]", threads=args.threads),
             settings,
-            references_tok,
-            references_raw,
-            TGT,
-            label=f"{variant} seed {seed} [{i}/{len(runs)}]",
+            References(references_tok, references_raw, TGT, retokenize=budget["retokenize"]),
+            Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"]),
             select=budget["select"],
-            threads=args.threads,
-            lenpen=budget.get("lenpen", 1.0),
-            max_len=budget["max_len"],
-            retokenize=budget["retokenize"],
         )
         row.update(training_summary(Path(row["checkpoint"]).parent / "train.log"))
         rows.append(row)
