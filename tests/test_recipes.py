@@ -438,6 +438,19 @@ def _option(command, name, default=None):
     return words[words.index(name) + 1] if name in words else default
 
 
+def test_dry_run_keeps_the_checkpoints_that_average_last_averages(tmp_path):
+    """--average-last N beyond the checkpoints the task keeps: the training the dry run prints
+    keeps N, as the run trains, and the average is translated."""
+    output = _dry_run("iwslt17", "--average-last", "8", "--seed", "1", "--work-dir", tmp_path / "w").stdout
+    train = _commands(output, "fairseq-train")
+    assert len(train) == 3 and all(_option(c, "--keep-interval-updates") == "8" for c in train)
+    generate = _commands(output, "fairseq-generate")
+    assert (
+        sorted(Path(_option(c, "--path")).name for c in generate)
+        == ["checkpoint_avg8.pt"] * 3 + ["checkpoint_best.pt"] * 3
+    )
+
+
 @pytest.mark.parametrize("task,interval", [("iwslt17", 5000), ("kftt", 5000), ("wmt16", 10000), ("wmt14", 10000)])
 def test_dry_run_trains_with_the_settings_of_the_table(tmp_path, task, interval):
     proc = _dry_run(task, "--work-dir", tmp_path / "work")
