@@ -129,7 +129,7 @@ def test_max_update_and_bpe_merges_override_the_rule(tmp_path, monkeypatch):
     class Stop(Exception):
         pass
 
-    def train_and_evaluate(data_bin, work, variant, seed, settings, *args, **kwargs):
+    def train_and_evaluate(data_bin, work, model, settings, *args, **kwargs):
         chosen["settings"], chosen["select"] = settings, kwargs["select"]
         raise Stop
 

@@ -357,7 +357,7 @@ def test_translations_of_a_changed_checkpoint_are_made_again(tmp_path, monkeypat
     assert len(calls) == 1, "the finished translation was not reused"
     checkpoint.write_bytes(b"a model trained again")  # e.g. its folder deleted and retrained
     assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 2"]
-    assert evaluation.generate("data-bin", checkpoint, "test", out, beam=2) == ["translation 3"]
+    assert evaluation.generate("data-bin", checkpoint, "test", out, evaluation.Decoding(beam=2)) == ["translation 3"]
 
 
 def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch):
@@ -424,8 +424,8 @@ def test_docs_show_the_settings_table_and_the_departures_of_the_code():
     """docs/recipes.md shows the one settings table (value and source of each setting) and the
     list of departures; the page and tasks.py must not drift apart."""
     docs = (REPO / "docs" / "recipes.md").read_text(encoding="utf-8")
-    assert _block(docs, "<!-- settings-table -->", "<!-- /settings-table -->") == tasks.settings_table()
-    assert _block(docs, "<!-- departures-table -->", "<!-- /departures-table -->") == tasks.departures_table()
+    assert _block(docs, "<!-- settings-table -->", "<!-- /settings-table -->") == tasks.CORREIA.settings_table()
+    assert _block(docs, "<!-- departures-table -->", "<!-- /departures-table -->") == tasks.CORREIA.departures_table()
 
 
 def _dry_run(*options, check=True):
@@ -436,6 +436,19 @@ def _dry_run(*options, check=True):
 def _option(command, name, default=None):
     words = command.split()
     return words[words.index(name) + 1] if name in words else default
+
+
+def test_dry_run_keeps_the_checkpoints_that_average_last_averages(tmp_path):
+    """--average-last N beyond the checkpoints the task keeps: the training the dry run prints
+    keeps N, as the run trains, and the average is translated."""
+    output = _dry_run("iwslt17", "--average-last", "8", "--seed", "1", "--work-dir", tmp_path / "w").stdout
+    train = _commands(output, "fairseq-train")
+    assert len(train) == 3 and all(_option(c, "--keep-interval-updates") == "8" for c in train)
+    generate = _commands(output, "fairseq-generate")
+    assert (
+        sorted(Path(_option(c, "--path")).name for c in generate)
+        == ["checkpoint_avg8.pt"] * 3 + ["checkpoint_best.pt"] * 3
+    )
 
 
 @pytest.mark.parametrize("task,interval", [("iwslt17", 5000), ("kftt", 5000), ("wmt16", 10000), ("wmt14", 10000)])
@@ -585,10 +598,10 @@ def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, stem
 def test_docs_show_the_iwslt14_settings_and_departures_of_the_code():
     docs = (REPO / "docs" / "recipes.md").read_text(encoding="utf-8")
     assert _block(docs, "<!-- iwslt14-settings-table -->", "<!-- /iwslt14-settings-table -->") == (
-        tasks.est_settings_table()
+        tasks.EST.settings_table()
     )
     assert _block(docs, "<!-- iwslt14-departures-table -->", "<!-- /iwslt14-departures-table -->") == (
-        tasks.est_departures_table()
+        tasks.EST.departures_table()
     )
 
 
@@ -716,7 +729,7 @@ def test_iwslt14_selection_takes_the_average_of_the_best_validation_bleu(tmp_pat
     monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 12.0)
     monkeypatch.setattr(evaluation, "run_logged", fake_generate)
     row = selection.train_and_select(
-        "data-bin", work, "topk", 1, None, (2, (2, 4, 6, 8, 10)), ["One.", "Two."], "en", label="topk"
+        "data-bin", work, evaluation.Model("topk", 1, label="topk"), None, (2, (2, 4, 6, 8, 10)), ["One.", "Two."], "en"
     )
     # No average ends at epoch 2 (epoch 1 is missing); the others are the means of their epochs.
     assert [(subset, name) for subset, name, _ in generated if subset == "valid"] == [
@@ -736,7 +749,7 @@ def test_iwslt14_selection_without_any_full_range_of_checkpoints_is_refused(tmp_
     _epoch_checkpoints(work / "models" / "softmax-seed1", [3])
     monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 1.0)
     with pytest.raises(tools.PipelineError, match="no 2 consecutive epoch checkpoints ending at any of epochs 3, 4"):
-        selection.train_and_select("data-bin", work, "softmax", 1, None, (2, (3, 4)), [], "en")
+        selection.train_and_select("data-bin", work, evaluation.Model("softmax", 1), None, (2, (3, 4)), [], "en")
 
 
 @needs_shared_data

@@ -1,6 +1,7 @@
 """Translation of the test set (fairseq-generate) and its scores (sacrebleu: BLEU, chrF,
 tokenized BLEU); `train_and_evaluate` runs one model from training to its scores."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoints import select_checkpoint
@@ -9,6 +10,71 @@ from .markers import done_with_same_settings, fingerprint, is_done, mark_done
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
 from .tools import ToolError, log, run_logged, tool, use_cpu, user_dir
 from .training import train
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How fairseq-generate searches.
+
+    Attributes:
+        beam: the beam size.
+        lenpen: the length penalty.
+        max_len: (a, b) caps a translation at a * source length + b tokens; None: fairseq's
+            default of 200 tokens, which a barely trained model may spend on every sentence.
+    """
+
+    beam: int = 5
+    lenpen: float = 1.0
+    max_len: tuple = None
+
+
+DEFAULT_DECODING = Decoding()
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model to train: an attention variant and a seed.
+
+    Attributes:
+        variant: the attention variant (training.VARIANTS).
+        seed: the training seed.
+        label: its name in progress lines (default: "<variant>-seed<seed>").
+        threads: CPU threads of fairseq-train (None: torch's choice).
+    """
+
+    variant: str
+    seed: int = 1
+    label: str = None
+    threads: int = None
+
+    @property
+    def name(self):
+        """The model's folder name: <variant>-seed<seed>."""
+        return f"{self.variant}-seed{self.seed}"
+
+    @property
+    def shown(self):
+        """The model's name in progress lines."""
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class References:
+    """The references a model's test translations are scored against (see score).
+
+    Attributes:
+        tok: the test references, tokenised as the training data was.
+        raw: the test references as the corpus has them.
+        tgt: the target language.
+        tokenized_bleu: whether to score tokenized BLEU too.
+        retokenize: tokenized BLEU on the retokenised detokenised text (see score).
+    """
+
+    tok: list
+    raw: list
+    tgt: str
+    tokenized_bleu: bool = True
+    retokenize: bool = False
 
 
 def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
@@ -57,7 +123,7 @@ def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, 
     return [str(a) for a in args]
 
 
-def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label="", max_len=None):
+def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, label=""):
     """Translate a subset with fairseq-generate (skipped when done with the same checkpoint
     and settings).
 
@@ -66,11 +132,8 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
         checkpoint: the model's checkpoint.
         subset: the subset to translate ("test").
         out_dir: where the translations and the log are written.
-        beam: the beam size.
-        lenpen: the length penalty.
+        decoding: the Decoding.
         label: the model's name in progress lines.
-        max_len: (a, b) caps a translation at a * source length + b tokens (fairseq's default
-            is 200 tokens, which a barely trained model may spend on every sentence).
 
     Returns:
         The hypotheses (BPE removed, still tokenised), a list in corpus order.
@@ -80,6 +143,7 @@ def generate(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, label=""
     """
     out_dir = Path(out_dir)
     hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
+    beam, lenpen, max_len = decoding.beam, decoding.lenpen, decoding.max_len
     made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
     if hyp_path.exists() and done_with_same_settings(marker, made_with):
         return read_lines(hyp_path)
@@ -148,69 +212,45 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
 
 
 def train_and_evaluate(
-    data_bin,
-    work,
-    variant,
-    seed,
-    settings,
-    references_tok,
-    references_raw,
-    tgt,
-    label=None,
-    select="last",
-    average_last=None,
-    beam=5,
-    lenpen=1.0,
-    max_len=None,
-    tokenized_bleu=True,
-    retokenize=False,
-    threads=None,
+    data_bin, work, model, settings, references, decoding=Decoding(), select="last", average_last=None
 ):
-    """Train one variant with one seed (skipped when trained), translate the test set and
-    score it.
+    """Train one model (skipped when trained), translate the test set and score it.
 
     Args:
         data_bin: the data-bin.
         work: the work folder (models/ and eval/ go there).
-        variant: the attention variant (training.VARIANTS).
-        seed: the training seed.
+        model: the Model.
         settings: the TrainSettings.
-        references_tok: the test references, tokenised.
-        references_raw: the test references as the corpus has them.
-        tgt: the target language.
-        label: the model's name in progress lines (default: "<variant>-seed<seed>").
+        references: the References it is scored against.
+        decoding: the Decoding.
         select: the checkpoint to translate with (select_checkpoint): "last", "best" or
             "average".
         average_last: with "average", how many checkpoints (default: all those kept,
             settings.keep_last_epochs).
-        beam: the beam size.
-        lenpen: the length penalty.
-        max_len: (a, b) caps a translation at a * source length + b tokens.
-        tokenized_bleu: whether to score tokenized BLEU too (see score).
-        retokenize: see score.
-        threads: CPU threads of fairseq-train (None: torch's choice).
 
     Returns:
         A result row: model, seed, selection, checkpoint, hypotheses (their file), the scores
         of `score` and train_seconds (without the attention analysis).
     """
-    name = f"{variant}-seed{seed}"
-    label = label or name
+    name, label = model.name, model.shown
     save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label, threads=threads)
+    seconds = train(data_bin, save_dir, model.variant, settings, seed=model.seed, label=label, threads=model.threads)
     checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
     eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
-    hypotheses = generate(
-        data_bin, checkpoint, "test", eval_dir, beam=beam, lenpen=lenpen, label=label, max_len=max_len
-    )
+    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, decoding, label=label)
     scores = score(
-        hypotheses, references_tok, references_raw, tgt, tokenized_bleu=tokenized_bleu, retokenize=retokenize
+        hypotheses,
+        references.tok,
+        references.raw,
+        references.tgt,
+        tokenized_bleu=references.tokenized_bleu,
+        retokenize=references.retokenize,
     )
-    shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if tokenized_bleu else []
+    shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if references.tokenized_bleu else []
     log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
     return {
-        "model": variant,
-        "seed": seed,
+        "model": model.variant,
+        "seed": model.seed,
         "selection": select,
         "checkpoint": str(checkpoint),
         "hypotheses": str(eval_dir / "test.hyp"),

@@ -29,7 +29,7 @@ from pathlib import Path
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import is_done, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tools import log, run_reporting_errors
@@ -309,28 +309,39 @@ def main(argv=None):
     return run_reporting_errors(run, parse_args(argv))
 
 
-def run(args):
-    """Every stage, then the table, printed and written to the work dir's results.md.
+def run_size(args):
+    """The sizes of this run: the toy pair's, --tiny's or a user's corpus's, with the command
+    line's overrides.
 
     Args:
-        args: the command line, as parse_args returns it.
+        args: the command line.
+
+    Returns:
+        A dict of sizes (SIZES' keys); a user's corpus gets bpe_merges and max_update once its
+        size is known.
     """
-    own_corpus = args.data is not None
-    patience = (PATIENCE if args.patience is None else args.patience) if own_corpus else 0
     # Sized to the corpus: a user's corpus at full size (the toy pair and --tiny have fixed sizes).
-    sized = own_corpus and not args.tiny
+    sized = args.data is not None and not args.tiny
     size = dict(OWN_CORPUS if sized else SIZES["tiny" if args.tiny else "demo"])
     if args.max_update:
         size["max_update"] = args.max_update
     if args.bpe_merges:
         size["bpe_merges"] = args.bpe_merges
-    # One default folder per corpus, direction and size: a run never finds another's models.
-    name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
-    work = (args.work_dir or REPO / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
-    started = time.time()
+    return size
 
-    # 1. Corpus, checked before anything long starts.
-    if own_corpus:
+
+def prepare_corpus(args, work, size):
+    """The corpus, checked before anything long starts: the user's, or the toy pair written once.
+
+    Args:
+        args: the command line.
+        work: the work folder.
+        size: the run's sizes (run_size).
+
+    Returns:
+        (raw_dir, src, tgt, {split: (source file, target file)}, {split: lines}).
+    """
+    if args.data is not None:
         raw_dir, src, tgt = args.data, args.src, args.tgt
     else:
         raw_dir = work / "raw"
@@ -343,6 +354,55 @@ def run(args):
     files = {split: (raw_dir / f"{split}.{src}", raw_dir / f"{split}.{tgt}") for split in SPLITS}
     counts = check_parallel_corpus(files)
     log(f"corpus {raw_dir} {src}->{tgt}: " + ", ".join(f"{s} {n} lines" for s, n in counts.items()))
+    return raw_dir, src, tgt, files, counts
+
+
+def train_settings(args, size, patience):
+    """The TrainSettings every variant trains with. On a user's corpus each model trains until
+    its validation accuracy stops improving; the toy pair trains for its fixed updates.
+
+    Args:
+        args: the command line.
+        size: the run's sizes, complete.
+        patience: validations without a better accuracy before stopping (0: none).
+
+    Returns:
+        A TrainSettings.
+    """
+    stopping = {"patience": patience, "best_metric": "accuracy"} if args.data is not None else {}
+    return TrainSettings(
+        arch="adaptively_sparse_transformer",
+        max_update=size["max_update"],
+        max_tokens=size["max_tokens"],
+        lr=args.lr,
+        warmup_updates=size["warmup"],
+        dropout=0.1,
+        topk=size["topk"],
+        keep_last_epochs=1,
+        log_interval=max(1, size["max_update"] // 6),
+        model_args=model_size_args(size["layers"], size["dim"], size["ffn"], size["heads"]),
+        extra_args=["--no-epoch-checkpoints"],
+        **stopping,
+    )
+
+
+def run(args):
+    """Every stage, then the table, printed and written to the work dir's results.md.
+
+    Args:
+        args: the command line, as parse_args returns it.
+    """
+    own_corpus = args.data is not None
+    patience = (PATIENCE if args.patience is None else args.patience) if own_corpus else 0
+    sized = own_corpus and not args.tiny
+    size = run_size(args)
+    # One default folder per corpus, direction and size: a run never finds another's models.
+    name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
+    work = (args.work_dir or REPO / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
+    started = time.time()
+
+    # 1. Corpus.
+    raw_dir, src, tgt, files, counts = prepare_corpus(args, work, size)
     work.mkdir(parents=True, exist_ok=True)
     if sized:
         size.setdefault("bpe_merges", own_corpus_bpe_merges(counts["train"]))
@@ -366,43 +426,23 @@ def run(args):
             log(line)
 
     # 3. Training, one model per attention variant, all with the same size and budget, then
-    # translation of the test set and scoring. On a user's corpus each model trains until its
-    # validation accuracy stops improving and is evaluated with its best checkpoint; the toy
-    # pair trains for its fixed updates and is evaluated with the last.
-    stopping = {"patience": patience, "best_metric": "accuracy"} if own_corpus else {}
-    settings = TrainSettings(
-        arch="adaptively_sparse_transformer",
-        max_update=size["max_update"],
-        max_tokens=size["max_tokens"],
-        lr=args.lr,
-        warmup_updates=size["warmup"],
-        dropout=0.1,
-        topk=size["topk"],
-        keep_last_epochs=1,
-        log_interval=max(1, size["max_update"] // 6),
-        model_args=model_size_args(size["layers"], size["dim"], size["ffn"], size["heads"]),
-        extra_args=["--no-epoch-checkpoints"],
-        **stopping,
+    # translation of the test set and scoring: a user's corpus with the best checkpoint, the
+    # toy pair with the last.
+    settings = train_settings(args, size, patience)
+    references = References(
+        read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
     )
-    references_tok = read_lines(text_dir / f"test.{tgt}")
-    references_raw = read_lines(files["test"][1])
     rows = []
     for i, variant in enumerate(args.models, 1):
         rows.append(
             train_and_evaluate(
                 data_bin,
                 work,
-                variant,
-                1,
+                Model(variant, 1, label=f"{variant} [{i}/{len(args.models)}]", threads=args.threads),
                 settings,
-                references_tok,
-                references_raw,
-                tgt,
-                label=f"{variant} [{i}/{len(args.models)}]",
+                references,
+                Decoding(max_len=(1.5, 10)),
                 select="best" if own_corpus else "last",
-                max_len=(1.5, 10),
-                tokenized_bleu=own_corpus,
-                threads=args.threads,
             )
         )
     if own_corpus:
@@ -412,9 +452,27 @@ def run(args):
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
     analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log")
-
     for row in rows:
         row.update((analysis or {}).get(row["model"], {}))
+    write_results(args, work, rows, (raw_dir, src, tgt, counts), size["max_update"], patience)
+    if analysis is not None:
+        print(f"Figures and CSV tables: {work / 'analysis'}")
+    print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
+
+
+def write_results(args, work, rows, corpus, max_update, patience):
+    """Print the table and write it to the work dir (results.md, results.json).
+
+    Args:
+        args: the command line.
+        work: the work folder.
+        rows: the result rows, analysis included.
+        corpus: (raw_dir, src, tgt, {split: lines}) of the corpus.
+        max_update: the update cap the models trained with.
+        patience: the patience they trained with.
+    """
+    own_corpus = args.data is not None
+    raw_dir, src, tgt, counts = corpus
     table = format_table(rows, bleu_tok=own_corpus, training=own_corpus)
     signatures = f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}"
     notes = (
@@ -423,7 +481,7 @@ def run(args):
     )
     if own_corpus:
         # How the models stopped goes right under the table: it says how far the comparison goes.
-        table += "\n\n" + convergence_note(rows, size["max_update"], patience)
+        table += "\n\n" + convergence_note(rows, max_update, patience)
         notes += (
             " updates: trained in all (in brackets the update of the best validation accuracy, the "
             "checkpoint evaluated); stopped by: the patience or the update cap."
@@ -435,9 +493,6 @@ def run(args):
     print()
     print(signatures)
     print(notes)
-    if analysis is not None:
-        print(f"Figures and CSV tables: {work / 'analysis'}")
-    print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from scipy.stats import t as student_t
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import train_and_evaluate
+from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
@@ -299,18 +299,11 @@ def run(args):
         row = train_and_evaluate(
             data_bin,
             work,
-            variant,
-            seed,
+            Model(variant, seed, label=f"{variant} seed {seed} [{i}/{len(runs)}]", threads=args.threads),
             settings,
-            references_tok,
-            references_raw,
-            TGT,
-            label=f"{variant} seed {seed} [{i}/{len(runs)}]",
+            References(references_tok, references_raw, TGT, retokenize=budget["retokenize"]),
+            Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"]),
             select=budget["select"],
-            threads=args.threads,
-            lenpen=budget.get("lenpen", 1.0),
-            max_len=budget["max_len"],
-            retokenize=budget["retokenize"],
         )
         row.update(training_summary(Path(row["checkpoint"]).parent / "train.log"))
         rows.append(row)
@@ -583,6 +576,55 @@ def group_by_model(rows, baseline=BASELINE):
     return by_variant
 
 
+def variants_rows(by_variant):
+    """The rows of the report's table per variant: mean ± spread over its seeds.
+
+    Args:
+        by_variant: {variant: [result rows]} (group_by_model).
+
+    Returns:
+        Markdown table rows, one per variant.
+    """
+    lines = []
+    for variant, group in by_variant.items():
+        stops = sorted({"patience" if r.get("stopped_early") else "cap" for r in group})
+        lines.append(
+            f"| {variant} | {_mean_spread([r['bleu_tok'] for r in group])} "
+            f"| {_mean_spread([r['bleu'] for r in group])} "
+            f"| {_mean_spread([r['chrf'] for r in group])} "
+            f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
+            f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
+            f"| {_mean_spread([r.get('best_update') for r in group], digits=0)} "
+            f"| {_mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
+            f"| {format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |"
+        )
+    return lines
+
+
+def significance_table(significance):
+    """The paired bootstrap against softmax, for the report.
+
+    Args:
+        significance: paired_bootstrap's results, not empty.
+
+    Returns:
+        Lines: the heading sentence, a blank line and a Markdown table.
+    """
+    lines = [
+        "Paired bootstrap resampling against softmax of the same seed (sacreBLEU, 1000 samples, "
+        "detokenised test translations):",
+        "",
+        "| seed | model | BLEU | softmax BLEU | p | chrF | softmax chrF | p |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['seed']} | {r['model']} | {r['bleu']:.2f} | {r['bleu_baseline']:.2f} | {r['bleu_p']:.4f} "
+        f"| {r['chrf']:.2f} | {r['chrf_baseline']:.2f} | {r['chrf_p']:.4f} |"
+        for r in significance
+    ]
+    return lines
+
+
 def summarize(rows, args, counts, budget, significance, figure):
     """The report: the table per variant (mean ± spread over seeds), the differences to softmax
     paired by seed with their intervals, the paired bootstrap, the attention analysis per
@@ -614,18 +656,7 @@ def summarize(rows, args, counts, budget, significance, figure):
         "| train time | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for variant, group in by_variant.items():
-        stops = sorted({"patience" if r.get("stopped_early") else "cap" for r in group})
-        lines.append(
-            f"| {variant} | {_mean_spread([r['bleu_tok'] for r in group])} "
-            f"| {_mean_spread([r['bleu'] for r in group])} "
-            f"| {_mean_spread([r['chrf'] for r in group])} "
-            f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
-            f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
-            f"| {_mean_spread([r.get('best_update') for r in group], digits=0)} "
-            f"| {_mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
-            f"| {format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |"
-        )
+    lines += variants_rows(by_variant)
     lines += [
         "",
         "Mean ± sample standard deviation over seeds. valid accuracy / ppl: at the validation of the best "
@@ -643,19 +674,7 @@ def summarize(rows, args, counts, budget, significance, figure):
             *differences,
         ]
     if significance:
-        lines += [
-            "",
-            "Paired bootstrap resampling against softmax of the same seed (sacreBLEU, 1000 samples, "
-            "detokenised test translations):",
-            "",
-            "| seed | model | BLEU | softmax BLEU | p | chrF | softmax chrF | p |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['seed']} | {r['model']} | {r['bleu']:.2f} | {r['bleu_baseline']:.2f} | {r['bleu_p']:.4f} "
-            f"| {r['chrf']:.2f} | {r['chrf_baseline']:.2f} | {r['chrf_p']:.4f} |"
-            for r in significance
-        ]
+        lines += ["", *significance_table(significance)]
     heads = heads_table(by_variant)
     if heads:
         lines += [

@@ -42,42 +42,21 @@ from examples.pipeline.attention_analysis import analyze, analyze_command
 from examples.pipeline.bpe import apply_bpe_command, learn_bpe_command
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import build_dataset, preprocess_command
-from examples.pipeline.evaluation import generate_command, train_and_evaluate
+from examples.pipeline.evaluation import Model
 from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.tables import format_seconds, format_table
+from examples.pipeline.tables import format_seconds
 from examples.pipeline.tools import PipelineError, log, run_reporting_errors
-from examples.pipeline.training import VARIANTS, train_command
+from examples.pipeline.training import VARIANTS
 from examples.translation.corpora import download
-from examples.translation.selection import (
-    SELECTED,
-    average_name,
-    est_bleu_note,
-    train_and_select,
-)
-from examples.translation.tasks import (
-    SMOKE_BPE_MERGES,
-    SMOKE_SETTINGS,
-    TASKS,
-    batch_shape,
-    experiment_of,
-    tokenized_bleu_note,
-    train_settings,
-)
+from examples.translation.selection import Step, command_step
+from examples.translation.tasks import SMOKE_BPE_MERGES, TASKS, batch_shape, experiment_of, tokenized_bleu_note
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-def parse_args(argv=None):
-    """The recipe's command line.
-
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        An argparse.Namespace with src and tgt filled in (the paper's direction by default);
-        argparse exits with status 2 on a bad command line.
-    """
+def _parser():
+    """The recipe's argparse parser: its options and their help."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=sorted(TASKS), help="the paper's task")
     parser.add_argument("--src", help="source language (default: the paper's direction)")
@@ -154,6 +133,20 @@ def parse_args(argv=None):
         help="validation sentences the attention analysis runs over (default: all; 100 with --smoke)",
     )
     parser.add_argument("--skip-analysis", action="store_true", help="no fairseq-entmax-analyze stage")
+    return parser
+
+
+def parse_args(argv=None):
+    """The recipe's command line.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        An argparse.Namespace with src and tgt filled in (the paper's direction by default);
+        argparse exits with status 2 on a bad command line.
+    """
+    parser = _parser()
     args = parser.parse_args(argv)
     task = TASKS[args.task]
     if bool(args.src) != bool(args.tgt):
@@ -169,7 +162,7 @@ def parse_args(argv=None):
     if args.average_last == 1 or args.average_last < 0:
         parser.error("--average-last N needs N >= 2 checkpoints")
     experiment = experiment_of(task)
-    if args.average_last and experiment.selection != "best":
+    if args.average_last and not experiment.selection.allows_average_last:
         parser.error(f"--average-last is for the best-checkpoint tasks: {task.name} averages epoch checkpoints already")
     args.models = args.models or list(experiment.variants)
     args.seed = args.seed or list(experiment.seeds)
@@ -239,7 +232,7 @@ def experiment_settings(args, num_gpus, cpu=False):
     """
     experiment = experiment_of(TASKS[args.task])
     if args.smoke:
-        settings = SMOKE_SETTINGS[experiment.name]
+        settings = experiment.smoke_settings
         for option in ("max_update", "max_tokens", "update_freq"):
             if getattr(args, option):
                 settings = dataclasses.replace(settings, **{option: getattr(args, option)})
@@ -251,7 +244,7 @@ def experiment_settings(args, num_gpus, cpu=False):
             total=experiment.tokens_per_update,
             preferred_max_tokens=experiment.preferred_max_tokens,
         )
-        settings = train_settings(args.task, max_tokens, update_freq, cpu=cpu)
+        settings = experiment.train_settings(args.task, max_tokens, update_freq, cpu=cpu)
         if args.max_update:
             settings = dataclasses.replace(settings, max_update=args.max_update)
     extra = ["--fp16"] if args.fp16 and "--fp16" not in settings.extra_args else []
@@ -296,196 +289,81 @@ class Layout:
         return self.work / "models" / f"{variant}-seed{seed}"
 
 
-def dry_run(args, settings, num_gpus):
-    """Print every command of the recipe, in order, as a shell would run them. Stages done in
-    Python (downloading, extracting, tokenising, cleaning, averaging, selecting, scoring) are
-    comment lines naming the function that does them.
+class Plan:
+    """One run of the recipe, shared by its steps: the command line, where the files go, the
+    training settings and decoding, and the result rows the run's steps add."""
+
+    def __init__(self, args, settings, num_gpus, cpu):
+        self.task = TASKS[args.task]
+        self.experiment = experiment_of(self.task)
+        self.layout = Layout(args)
+        self.src, self.tgt, self.smoke, self.seeds = args.src, args.tgt, args.smoke, args.seed
+        self.average_last = args.average_last
+        self.num_gpus, self.cpu = num_gpus, cpu
+        self.selection = self.experiment.selection
+        self.settings = self.selection.settings(settings, self)
+        # A model of the smoke mode has barely trained: its translations are capped in length.
+        max_len = (1.2, 10) if args.smoke else None
+        self.decoding = dataclasses.replace(self.experiment.decoding, max_len=max_len)
+        self.tokenized_bleu_note = tokenized_bleu_note(self.task.name, self.layout.tokenize)
+        self.rows, self.counts, self._references = [], None, None
+
+    def references(self):
+        """The test references, read once the dataset is built.
+
+        Returns:
+            (tokenised as the training data, as the corpus has them): lists of lines.
+        """
+        if self._references is None:
+            self._references = (
+                read_lines(self.layout.text / f"test.{self.tgt}"),
+                read_lines(self.layout.references_raw),
+            )
+        return self._references
+
+
+def prepare_steps(args, plan):
+    """The prepare stage: official data (or --raw-dir, or the smoke mode's text) -> plain,
+    line-aligned text, checked before anything long starts.
 
     Args:
         args: the command line.
-        settings: the TrainSettings (experiment_settings).
-        num_gpus: the devices to train on.
+        plan: the Plan.
+
+    Yields:
+        Steps; the last one prepares the corpus and counts it (plan.counts).
     """
-    layout, task = Layout(args), TASKS[args.task]
-    experiment = experiment_of(task)
-    src, tgt, work = args.src, args.tgt, layout.work
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
-    tokens = settings.max_tokens * settings.update_freq * num_gpus
-    lines = [
-        f"# {task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
-        f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
-        f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {work}"
-    ]
+    task, layout = plan.task, plan.layout
+
+    def prepare():
+        plan.counts = prepare_corpus(args, plan)
+
     if args.smoke:
-        lines.append(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.{task.smoke.write.__name__})")
+        yield Step(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.{task.smoke.write.__name__})", prepare)
     elif args.raw_dir:
-        lines.append(f"# prepare: plain text from {args.raw_dir}")
+        yield Step(f"# prepare: plain text from {args.raw_dir}", prepare)
     else:
-        lines += [
-            f"# prepare: download {url} -> {work / 'downloads' / name} (corpora.download)"
-            for url, name in task.downloads
-        ]
-        lines.append(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})")
-    if layout.tokenize:
-        lines.append(
-            f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
-            f" -> {layout.text} (tokenization.tokenize_file)"
-        )
-    joint = layout.bpe / "codes.joint-train.txt"
-    lines.append(
-        f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
-        f" > {shlex.quote(str(joint))}"
-    )
-    lines.append(shlex.join(learn_bpe_command(joint, bpe_merges, layout.bpe / "codes")))
-    for split in SPLITS:
-        for lang in (src, tgt):
-            lines.append(
-                shlex.join(
-                    apply_bpe_command(
-                        layout.bpe / "codes",
-                        layout.text / f"{split}.{lang}",
-                        layout.bpe / f"{split}.{lang}",
-                        args.workers,
-                    )
-                )
-            )
-    if experiment.clean:
-        max_len, ratio = experiment.clean[0], task.clean_max_ratio
-        lines.append(
-            f"# bpe: drop training pairs that are empty, > {max_len} tokens"
-            + (f" or of length ratio > {ratio}" if ratio else "")
-            + " (bpe.clean_training_pair)"
-        )
-    lines.append(
-        shlex.join(
-            preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers, experiment.joined_dictionary)
-        )
-    )
-    checkpoints = {}
-    for seed in args.seed:
-        for variant in args.models:
-            save_dir = layout.save_dir(variant, seed)
-            lines.append(shlex.join(train_command(layout.data_bin, save_dir, variant, settings, seed, cpu=args.cpu)))
-            if experiment.selection == "epoch_averages":
-                lines += _dry_run_selection(args, layout, experiment, variant, seed)
-                checkpoints.setdefault(variant, save_dir / SELECTED)
-                continue
-            for select in ("best",) + (("average",) if args.average_last else ()):
-                if select == "average":
-                    checkpoint = save_dir / f"checkpoint_avg{args.average_last}.pt"
-                    lines.append(
-                        f"# average: the parameters of the last {args.average_last} checkpoints of {save_dir} "
-                        f"-> {checkpoint} (checkpoints.average_checkpoints)"
-                    )
-                else:
-                    checkpoint = save_dir / "checkpoint_best.pt"
-                    checkpoints.setdefault(variant, checkpoint)
-                out = work / "eval" / f"{variant}-seed{seed}-{select}"
-                lines.append(
-                    shlex.join(
-                        generate_command(
-                            layout.data_bin,
-                            checkpoint,
-                            "test",
-                            out,
-                            experiment.beam,
-                            experiment.lenpen,
-                            (1.2, 10) if args.smoke else None,
-                            cpu=args.cpu,
-                        )
-                    )
-                )
-                lines.append(
-                    f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
-                    f"({tokenized_bleu_note(task.name, layout.tokenize)}), sacreBLEU and chrF (evaluation.score)"
-                )
-    if not args.skip_analysis:
-        lines.append(
-            shlex.join(
-                analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, _analysis_sentences(args))
-            )
-        )
-    print("\n".join(lines))
+        for url, name in task.downloads:
+            yield Step(f"# prepare: download {url} -> {layout.work / 'downloads' / name} (corpora.download)")
+        yield Step(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})", prepare)
 
 
-def _dry_run_selection(args, layout, experiment, variant, seed):
-    """The dry run's lines of one model's selection among averages of epoch checkpoints."""
-    save_dir = layout.save_dir(variant, seed)
-    n, ends = experiment.smoke_average if args.smoke else experiment.average
-    max_len = (1.2, 10) if args.smoke else None
-    lines = []
-    for end in ends:
-        checkpoint = save_dir / average_name(n, end)
-        lines.append(
-            f"# average: {save_dir}/checkpoint{{{end - n + 1}..{end}}}.pt -> {checkpoint} (selection.epoch_average)"
-        )
-        out = layout.work / "eval" / f"{variant}-seed{seed}-avg{n}-ep{end}"
-        lines.append(
-            shlex.join(
-                generate_command(
-                    layout.data_bin, checkpoint, "valid", out, experiment.beam, experiment.lenpen, max_len, cpu=args.cpu
-                )
-            )
-        )
-    lines.append(
-        f"# select: the average of the best validation BLEU (fairseq's BLEU4 in generate-valid.txt) -> "
-        f"{save_dir / SELECTED}, a link to it (selection.train_and_select)"
-    )
-    out = layout.work / "eval" / f"{variant}-seed{seed}-selected"
-    lines.append(
-        shlex.join(
-            generate_command(
-                layout.data_bin,
-                save_dir / SELECTED,
-                "test",
-                out,
-                experiment.beam,
-                experiment.lenpen,
-                max_len,
-                cpu=args.cpu,
-            )
-        )
-    )
-    lines.append(
-        f"# score: fairseq's BLEU4 of {out / 'generate-test.txt'}; sacreBLEU and chrF (lowercase) of "
-        f"{out / 'test.hyp'} against {layout.references_raw} (selection.score_lowercased)"
-    )
-    return lines
-
-
-def _analysis_sentences(args):
-    return args.analysis_sentences or (100 if args.smoke else None)
-
-
-def _display_rows(rows, seeds):
-    # With several seeds, each row names its seed.
-    return [dict(row, model=f"{row['model']} (seed {row['seed']})") if len(seeds) > 1 else row for row in rows]
-
-
-def run(args):
-    """Every stage (or, with --dry-run, their commands), then the table, printed and written to
-    the work dir.
+def prepare_corpus(args, plan):
+    """Prepare the plain text (skipped when prepared from the same data) and check it.
 
     Args:
-        args: the command line, as parse_args returns it.
-    """
-    num_gpus, cpu = devices(args)
-    settings = experiment_settings(args, num_gpus, cpu=cpu)
-    if args.dry_run:
-        dry_run(args, settings, num_gpus)
-        return
-    layout, task, src, tgt = Layout(args), TASKS[args.task], args.src, args.tgt
-    experiment = experiment_of(task)
-    work, raw_dir = layout.work, layout.raw
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
-    started = time.time()
-    log(
-        f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {work}; "
-        + ("CPU" if cpu else f"{num_gpus} GPU(s)")
-        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update"
-    )
+        args: the command line.
+        plan: the Plan.
 
-    # prepare: plain, line-aligned text, checked before anything long starts.
+    Returns:
+        {split: pairs}.
+
+    Raises:
+        PipelineError: the corpus is not line-aligned, or the untokenised test references of a
+            tokenised corpus are missing.
+    """
+    task, layout, src, tgt = plan.task, plan.layout, plan.src, plan.tgt
+    raw_dir = layout.raw
     # A corpus prepared from other data is refused, not reused.
     prepared_from = (
         {"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]}
@@ -497,7 +375,7 @@ def run(args):
             log(f"prepare: {task.smoke.note}")
             task.smoke.write(task, args.shared_data, src, tgt, raw_dir)
         else:
-            downloads = work / "downloads"
+            downloads = layout.work / "downloads"
             for url, name in task.downloads:
                 download(url, downloads / name)
             log("prepare: extracting plain text")
@@ -513,121 +391,180 @@ def run(args):
             f"untokenised test references beside it (test.orig.{src}, test.orig.{tgt})"
         )
     log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
+    return counts
 
-    clean = (experiment.clean[0], task.clean_max_ratio) if experiment.clean else None
-    text_dir, data_bin = build_dataset(
-        raw_dir,
-        src,
-        tgt,
-        work,
-        bpe_merges,
-        tokenize=layout.tokenize,
-        clean=clean,
-        workers=args.workers,
-        joined_dictionary=experiment.joined_dictionary,
+
+def dataset_steps(args, plan):
+    """The tokenize, bpe and binarize stages, which build_dataset does together.
+
+    Args:
+        args: the command line.
+        plan: the Plan.
+
+    Yields:
+        Steps; the last one (fairseq-preprocess) runs build_dataset.
+    """
+    layout, experiment, src, tgt = plan.layout, plan.experiment, plan.src, plan.tgt
+    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
+    clean = (experiment.clean[0], plan.task.clean_max_ratio) if experiment.clean else None
+    if layout.tokenize:
+        yield Step(
+            f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
+            f" -> {layout.text} (tokenization.tokenize_file)"
+        )
+    joint = layout.bpe / "codes.joint-train.txt"
+    yield Step(
+        f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
+        f" > {shlex.quote(str(joint))}"
+    )
+    yield command_step(learn_bpe_command(joint, bpe_merges, layout.bpe / "codes"))
+    for split in SPLITS:
+        for lang in (src, tgt):
+            yield command_step(
+                apply_bpe_command(
+                    layout.bpe / "codes", layout.text / f"{split}.{lang}", layout.bpe / f"{split}.{lang}", args.workers
+                )
+            )
+    if clean:
+        max_len, ratio = clean
+        yield Step(
+            f"# bpe: drop training pairs that are empty, > {max_len} tokens"
+            + (f" or of length ratio > {ratio}" if ratio else "")
+            + " (bpe.clean_training_pair)"
+        )
+
+    def build():
+        build_dataset(
+            layout.raw,
+            src,
+            tgt,
+            layout.work,
+            bpe_merges,
+            tokenize=layout.tokenize,
+            clean=clean,
+            workers=args.workers,
+            joined_dictionary=experiment.joined_dictionary,
+        )
+
+    yield command_step(
+        preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers, experiment.joined_dictionary), build
     )
 
-    # train, select, evaluate
-    references_tok = read_lines(text_dir / f"test.{tgt}")
-    references_raw = read_lines(layout.references_raw)
-    max_len = (1.2, 10) if args.smoke else None
-    selections = ("best",) + (("average",) if args.average_last else ())
-    if args.average_last:
-        settings = dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, args.average_last))
-    rows = []
-    models = [(seed, variant) for seed in args.seed for variant in args.models]
-    for i, (seed, variant) in enumerate(models, 1):
-        label = f"{variant}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
-        if experiment.selection == "epoch_averages":
-            rows.append(
-                train_and_select(
-                    data_bin,
-                    work,
-                    variant,
-                    seed,
-                    settings,
-                    experiment.smoke_average if args.smoke else experiment.average,
-                    references_raw,
-                    tgt,
-                    label=label,
-                    beam=experiment.beam,
-                    lenpen=experiment.lenpen,
-                    max_len=max_len,
-                )
-            )
-            continue
-        for select in selections:
-            rows.append(
-                train_and_evaluate(
-                    data_bin,
-                    work,
-                    variant,
-                    seed,
-                    settings,
-                    references_tok,
-                    references_raw,
-                    tgt,
-                    label=label,
-                    select=select,
-                    average_last=args.average_last,
-                    beam=experiment.beam,
-                    lenpen=experiment.lenpen,
-                    max_len=max_len,
-                    retokenize=layout.tokenize,
-                )
-            )
-    reported = "best" if experiment.selection == "best" else "average"
-    first_seed = [row for row in rows if row["seed"] == args.seed[0]]
-    checkpoints = {row["model"]: row["checkpoint"] for row in first_seed if row["selection"] == reported}
 
-    # analyze, on the validation set as the paper
-    if not args.skip_analysis:
+def analysis_step(args, plan):
+    """The analyze stage: fairseq-entmax-analyze on the validation set, as the paper, over the
+    first seed's models.
+
+    Args:
+        args: the command line.
+        plan: the Plan.
+
+    Returns:
+        A Step; its action adds the analysis to the first seed's reported rows.
+    """
+    layout = plan.layout
+    checkpoints = {
+        variant: plan.selection.analysed_checkpoint(layout.save_dir(variant, args.seed[0])) for variant in args.models
+    }
+    sentences = args.analysis_sentences or (100 if args.smoke else None)
+
+    def analyse():
         analysis = analyze(
-            data_bin,
+            layout.data_bin,
             checkpoints,
             "valid",
             layout.analysis,
-            work / f"analysis-seed{args.seed[0]}.log",
-            num_sentences=_analysis_sentences(args),
+            layout.work / f"analysis-seed{args.seed[0]}.log",
+            num_sentences=sentences,
         )
-        for row in first_seed:
-            if row["selection"] == reported:
+        for row in plan.rows:
+            if row["seed"] == args.seed[0] and row["selection"] == plan.selection.reported:
                 row.update((analysis or {}).get(row["model"], {}))
 
+    return command_step(analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, sentences), analyse)
+
+
+def walk(args, plan):
+    """Every step of the recipe, in order: what the dry run prints and the run executes.
+
+    Args:
+        args: the command line.
+        plan: the Plan.
+
+    Yields:
+        Steps.
+    """
+    yield from prepare_steps(args, plan)
+    yield from dataset_steps(args, plan)
+    models = [(seed, variant) for seed in args.seed for variant in args.models]
+    for i, (seed, variant) in enumerate(models, 1):
+        label = f"{variant}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
+        yield from plan.selection.model_steps(plan, Model(variant, seed, label))
+    if not args.skip_analysis:
+        yield analysis_step(args, plan)
+
+
+def dry_run(args, plan):
+    """Print every command of the recipe, in order, as a shell would run them. Stages done in
+    Python (downloading, extracting, tokenising, cleaning, averaging, selecting, scoring) are
+    comment lines naming the function that does them.
+
+    Args:
+        args: the command line.
+        plan: the Plan.
+    """
+    settings, num_gpus = plan.settings, plan.num_gpus
+    tokens = settings.max_tokens * settings.update_freq * num_gpus
+    lines = [
+        f"# {plan.task.title}, {args.src}->{args.tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
+        f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
+        f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {plan.layout.work}"
+    ]
+    lines += [step.line for step in walk(args, plan)]
+    print("\n".join(lines))
+
+
+def run(args):
+    """Every stage (or, with --dry-run, their commands), then the table, printed and written to
+    the work dir.
+
+    Args:
+        args: the command line, as parse_args returns it.
+    """
+    num_gpus, cpu = devices(args)
+    plan = Plan(args, experiment_settings(args, num_gpus, cpu=cpu), num_gpus, cpu)
+    if args.dry_run:
+        dry_run(args, plan)
+        return
+    task, settings, src, tgt = plan.task, plan.settings, args.src, args.tgt
+    started = time.time()
+    log(
+        f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {plan.layout.work}; "
+        + ("CPU" if cpu else f"{num_gpus} GPU(s)")
+        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update"
+    )
+    for step in walk(args, plan):
+        if step.action:
+            step.action()
+    write_results(args, plan, started)
+
+
+def write_results(args, plan, started):
+    """Print the results' tables and write them to the work dir (results-seed<seeds>.md, .json).
+
+    Args:
+        args: the command line.
+        plan: the Plan, its rows filled by the run.
+        started: when the run started (time.time()).
+    """
+    task, rows, src, tgt = plan.task, plan.rows, args.src, args.tgt
     lines = [
         f"{task.title} {src}->{tgt}{' (smoke mode: ' + task.smoke.note + ')' if args.smoke else ''}",
-        f"test: {counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
+        f"test: {plan.counts['test']} sentences; data: {task.data_notes if not args.smoke else task.smoke.note}",
         "",
     ]
-    if experiment.selection == "best":
-        lines += [
-            "Best checkpoint (validation accuracy):",
-            "",
-            format_table(_display_rows([r for r in rows if r["selection"] == "best"], args.seed), bleu_tok=True),
-        ]
-        averaged = [
-            dict(row, model=f"{row['model']} (avg {args.average_last})")
-            for row in _display_rows(rows, args.seed)
-            if row["selection"] == "average"
-        ]
-        if averaged:
-            lines += ["", f"Average of the last {args.average_last} checkpoints:", "", format_table(averaged, True)]
-        bleu_note = tokenized_bleu_note(task.name, layout.tokenize)
-    else:
-        n = (experiment.smoke_average if args.smoke else experiment.average)[0]
-        lines += [
-            f"Average of the last {n} epoch checkpoints, the end epoch chosen on validation BLEU"
-            " (tok BLEU: fairseq's, on the lowercased tokenised text; BLEU, chrF: sacreBLEU, lowercase):",
-            "",
-            format_table(_display_rows(rows, args.seed), bleu_tok=True),
-            "",
-        ]
-        lines += [
-            f"{row['model']} seed {row['seed']}: epochs {row['end_epoch'] - n + 1}-{row['end_epoch']}; validation BLEU "
-            + ", ".join(f"ep{end} {bleu:.2f}" for end, bleu in row["valid_bleu"].items())
-            for row in rows
-        ]
-        bleu_note = est_bleu_note()
+    tables, bleu_note = plan.selection.report(plan, rows)
+    lines += tables
     lines += [
         "",
         f"tok BLEU: {rows[0]['bleu_tok_signature']}; {bleu_note}",
@@ -637,7 +574,7 @@ def run(args):
     if not args.smoke and (src, tgt) == task.pairs[0] and task.paper_bleu:
         lines.append("paper (tokenized BLEU): " + ", ".join(f"{k} {v}" for k, v in task.paper_bleu.items()))
     report = "\n".join(lines)
-    results = work / f"results-seed{layout.seeds}"
+    results = plan.layout.work / f"results-seed{plan.layout.seeds}"
     results.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     results.with_suffix(".md").write_text(report + "\n")
     print()

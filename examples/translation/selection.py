@@ -1,20 +1,26 @@
-"""The model selection and scores of Zhao et al.'s IWSLT14 de-en recipe: each model's last 10
+"""How a recipe's Experiment selects, translates and scores each model, as steps of the recipe's
+walk (Step): BestCheckpoint, Correia et al.'s checkpoint_best.pt (and, on request, an average of
+the last checkpoints); EpochAverages, Zhao et al.'s IWSLT14 de-en selection: each model's last 10
 epoch checkpoints averaged, ending at several epochs (50, 55, ..., 90), each average translating
-the validation set; the average with the best validation BLEU translates the test set. BLEU is
-fairseq-generate's on the lowercased tokenised text, what the authors' script reads; sacreBLEU and
-chrF, case-insensitive, on the detokenised text come besides.
+the validation set; the average with the best validation BLEU translates the test set. Its BLEU
+is fairseq-generate's on the lowercased tokenised text, what the authors' script reads; sacreBLEU
+and chrF, case-insensitive, on the detokenised text come besides.
 """
 
+import dataclasses
 import os
 import re
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from examples.pipeline.checkpoints import average_checkpoints
 from examples.pipeline.corpus import read_lines
-from examples.pipeline.evaluation import generate
+from examples.pipeline.evaluation import DEFAULT_DECODING, References, generate, generate_command, train_and_evaluate
+from examples.pipeline.tables import format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import PipelineError, ToolError, log
-from examples.pipeline.training import train
+from examples.pipeline.training import train, train_command
 
 # The selected average, a symbolic link in the model's folder: the test set is translated with it.
 SELECTED = "checkpoint_selected.pt"
@@ -133,20 +139,7 @@ def _select(save_dir, chosen):
     return link
 
 
-def train_and_select(
-    data_bin,
-    work,
-    variant,
-    seed,
-    settings,
-    average,
-    references_raw,
-    tgt,
-    label=None,
-    beam=5,
-    lenpen=1.0,
-    max_len=None,
-):
+def train_and_select(data_bin, work, model, settings, average, references_raw, tgt, decoding=DEFAULT_DECODING):
     """Train one variant with one seed (skipped when trained), average its epoch checkpoints
     at each end epoch, translate the validation set with each average, and the test set with
     the one of the best validation BLEU (the later epoch on a tie).
@@ -154,17 +147,13 @@ def train_and_select(
     Args:
         data_bin: the data-bin.
         work: the work folder (models/ and eval/ go there).
-        variant: the attention variant (training.VARIANTS).
-        seed: the training seed.
+        model: the Model (evaluation.Model).
         settings: the TrainSettings (epoch checkpoints, keep_last_epochs covering the averages).
         average: (n, end epochs): how many epoch checkpoints each average takes, and their last
             epochs.
         references_raw: the test references as the corpus has them (sacreBLEU).
         tgt: the target language.
-        label: the model's name in progress lines (default: "<variant>-seed<seed>").
-        beam: the beam size.
-        lenpen: the length penalty.
-        max_len: (a, b) caps a translation at a * source length + b tokens.
+        decoding: the Decoding (evaluation.Decoding).
 
     Returns:
         A result row: model, seed, selection ("average"), end_epoch (the selected average's
@@ -175,10 +164,9 @@ def train_and_select(
     Raises:
         PipelineError: no end epoch has all its checkpoints (training stopped too early).
     """
-    name = f"{variant}-seed{seed}"
-    label = label or name
+    name, label = model.name, model.shown
     save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, variant, settings, seed=seed, label=label)
+    seconds = train(data_bin, save_dir, model.variant, settings, seed=model.seed, label=label)
     n, ends = average
     valid_bleu, averages = {}, {}
     for end in ends:
@@ -187,7 +175,7 @@ def train_and_select(
             log(f"{label}: no checkpoints of all epochs {end - n + 1}-{end}: no average ending at epoch {end}")
             continue
         out = Path(work) / "eval" / f"{name}-avg{n}-ep{end}"
-        generate(data_bin, checkpoint, "valid", out, beam=beam, lenpen=lenpen, label=label, max_len=max_len)
+        generate(data_bin, checkpoint, "valid", out, decoding, label=label)
         valid_bleu[end], averages[end] = fairseq_bleu(out, "valid"), checkpoint
     if not valid_bleu:
         raise PipelineError(
@@ -202,14 +190,14 @@ def train_and_select(
     )
     selected = _select(save_dir, averages[chosen])
     out = Path(work) / "eval" / f"{name}-selected"
-    hypotheses = generate(data_bin, selected, "test", out, beam=beam, lenpen=lenpen, label=label, max_len=max_len)
+    hypotheses = generate(data_bin, selected, "test", out, decoding, label=label)
     scores = score_lowercased(hypotheses, references_raw, tgt)
     scores["bleu_tok"] = fairseq_bleu(out, "test")
     scores["bleu_tok_signature"] = FAIRSEQ_BLEU_SIGNATURE
     log(f"{label}: test BLEU {scores['bleu_tok']:.2f} (fairseq), sacreBLEU {scores['bleu']:.2f}")
     return {
-        "model": variant,
-        "seed": seed,
+        "model": model.variant,
+        "seed": model.seed,
         "selection": "average",
         "end_epoch": chosen,
         "valid_bleu": valid_bleu,
@@ -218,3 +206,258 @@ def train_and_select(
         **scores,
         "train_seconds": seconds,
     }
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a recipe's walk: the dry run prints its line, the run calls its action.
+
+    Attributes:
+        line: a shell command, or a comment line naming the function that does the step.
+        action: what the run calls, without arguments; None where a later step of the same
+            stage does this one too, in one library call (build_dataset, train_and_evaluate).
+    """
+
+    line: str
+    action: object = None
+
+
+def command_step(command, action=None):
+    """A Step whose line is a command, quoted as a shell would take it.
+
+    Args:
+        command: the command, a list of str.
+        action: the Step's action.
+
+    Returns:
+        A Step.
+    """
+    return Step(shlex.join(command), action)
+
+
+def _generate_command(plan, checkpoint, subset, out_dir):
+    d = plan.decoding
+    return generate_command(plan.layout.data_bin, checkpoint, subset, out_dir, d.beam, d.lenpen, d.max_len, plan.cpu)
+
+
+def _display_rows(rows, seeds):
+    # With several seeds, each row names its seed.
+    return [dict(row, model=f"{row['model']} (seed {row['seed']})") if len(seeds) > 1 else row for row in rows]
+
+
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """Correia et al.'s selection: checkpoint_best.pt (the best validation accuracy) translates
+    the test set; with --average-last N, the average of the last N checkpoints too, reported
+    apart."""
+
+    # The selection whose checkpoint the attention analysis reads.
+    reported = "best"
+    allows_average_last = True
+
+    def settings(self, settings, plan):
+        """The TrainSettings, keeping enough checkpoints for --average-last.
+
+        Args:
+            settings: the TrainSettings of the task.
+            plan: the recipe's Plan.
+
+        Returns:
+            A TrainSettings.
+        """
+        if not plan.average_last:
+            return settings
+        return dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, plan.average_last))
+
+    def analysed_checkpoint(self, save_dir):
+        """The checkpoint of a model that the attention analysis reads.
+
+        Args:
+            save_dir: the model's --save-dir.
+
+        Returns:
+            Its path.
+        """
+        return save_dir / "checkpoint_best.pt"
+
+    def model_steps(self, plan, model):
+        """Train one model, translate the test set with each selected checkpoint and score it.
+
+        Args:
+            plan: the recipe's Plan.
+            model: the Model (evaluation.Model).
+
+        Yields:
+            Steps; the action of each score step appends a result row to plan.rows.
+        """
+        layout, work = plan.layout, plan.layout.work
+        save_dir = layout.save_dir(model.variant, model.seed)
+        yield command_step(train_command(layout.data_bin, save_dir, model.variant, plan.settings, model.seed, plan.cpu))
+        for select in ("best",) + (("average",) if plan.average_last else ()):
+            if select == "average":
+                checkpoint = save_dir / f"checkpoint_avg{plan.average_last}.pt"
+                yield Step(
+                    f"# average: the parameters of the last {plan.average_last} checkpoints of {save_dir} "
+                    f"-> {checkpoint} (checkpoints.average_checkpoints)"
+                )
+            else:
+                checkpoint = self.analysed_checkpoint(save_dir)
+            out = work / "eval" / f"{model.name}-{select}"
+            yield command_step(_generate_command(plan, checkpoint, "test", out))
+
+            def evaluate(select=select):
+                references = References(*plan.references(), plan.tgt, retokenize=layout.tokenize)
+                plan.rows.append(
+                    train_and_evaluate(
+                        layout.data_bin,
+                        work,
+                        model,
+                        plan.settings,
+                        references,
+                        plan.decoding,
+                        select=select,
+                        average_last=plan.average_last,
+                    )
+                )
+
+            yield Step(
+                f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
+                f"({plan.tokenized_bleu_note}), sacreBLEU and chrF (evaluation.score)",
+                evaluate,
+            )
+
+    def report(self, plan, rows):
+        """The results' tables.
+
+        Args:
+            plan: the recipe's Plan.
+            rows: the result rows.
+
+        Returns:
+            (lines, the note on how tokenized BLEU was computed).
+        """
+        lines = [
+            "Best checkpoint (validation accuracy):",
+            "",
+            format_table(_display_rows([r for r in rows if r["selection"] == "best"], plan.seeds), bleu_tok=True),
+        ]
+        averaged = [
+            dict(row, model=f"{row['model']} (avg {plan.average_last})")
+            for row in _display_rows(rows, plan.seeds)
+            if row["selection"] == "average"
+        ]
+        if averaged:
+            lines += ["", f"Average of the last {plan.average_last} checkpoints:", "", format_table(averaged, True)]
+        return lines, plan.tokenized_bleu_note
+
+
+@dataclass(frozen=True)
+class EpochAverages:
+    """Zhao et al.'s selection: averages of the last n epoch checkpoints ending at several
+    epochs translate the validation set, the best of them the test set (train_and_select).
+
+    Attributes:
+        average: (n, end epochs) of a full run.
+        smoke_average: (n, end epochs) of the smoke mode.
+    """
+
+    average: tuple
+    smoke_average: tuple
+
+    reported = "average"
+    allows_average_last = False
+
+    def averages(self, plan):
+        """(n, end epochs) of this run (full or smoke)."""
+        return self.smoke_average if plan.smoke else self.average
+
+    def settings(self, settings, plan):
+        """The TrainSettings, unchanged: keep_last_epochs covers the averages.
+
+        Args:
+            settings: the TrainSettings of the task.
+            plan: the recipe's Plan.
+
+        Returns:
+            settings.
+        """
+        return settings
+
+    def analysed_checkpoint(self, save_dir):
+        """The checkpoint of a model that the attention analysis reads.
+
+        Args:
+            save_dir: the model's --save-dir.
+
+        Returns:
+            Its path: the link to the selected average.
+        """
+        return save_dir / SELECTED
+
+    def model_steps(self, plan, model):
+        """Train one model, translate the validation set with each average, the test set with
+        the best, and score it.
+
+        Args:
+            plan: the recipe's Plan.
+            model: the Model (evaluation.Model).
+
+        Yields:
+            Steps; the action of the score step appends the result row to plan.rows.
+        """
+        layout, work, d = plan.layout, plan.layout.work, plan.decoding
+        save_dir = layout.save_dir(model.variant, model.seed)
+        yield command_step(train_command(layout.data_bin, save_dir, model.variant, plan.settings, model.seed, plan.cpu))
+        n, ends = self.averages(plan)
+        for end in ends:
+            checkpoint = save_dir / average_name(n, end)
+            yield Step(
+                f"# average: {save_dir}/checkpoint{{{end - n + 1}..{end}}}.pt -> {checkpoint} (selection.epoch_average)"
+            )
+            out = work / "eval" / f"{model.name}-avg{n}-ep{end}"
+            yield command_step(_generate_command(plan, checkpoint, "valid", out))
+        yield Step(
+            f"# select: the average of the best validation BLEU (fairseq's BLEU4 in generate-valid.txt) -> "
+            f"{save_dir / SELECTED}, a link to it (selection.train_and_select)"
+        )
+        out = work / "eval" / f"{model.name}-selected"
+        yield command_step(_generate_command(plan, save_dir / SELECTED, "test", out))
+
+        def select():
+            _, references_raw = plan.references()
+            plan.rows.append(
+                train_and_select(
+                    layout.data_bin, work, model, plan.settings, self.averages(plan), references_raw, plan.tgt, d
+                )
+            )
+
+        yield Step(
+            f"# score: fairseq's BLEU4 of {out / 'generate-test.txt'}; sacreBLEU and chrF (lowercase) of "
+            f"{out / 'test.hyp'} against {layout.references_raw} (selection.score_lowercased)",
+            select,
+        )
+
+    def report(self, plan, rows):
+        """The results' table and each model's validation BLEU per average.
+
+        Args:
+            plan: the recipe's Plan.
+            rows: the result rows.
+
+        Returns:
+            (lines, the note on how tokenized BLEU was computed).
+        """
+        n = self.averages(plan)[0]
+        lines = [
+            f"Average of the last {n} epoch checkpoints, the end epoch chosen on validation BLEU"
+            " (tok BLEU: fairseq's, on the lowercased tokenised text; BLEU, chrF: sacreBLEU, lowercase):",
+            "",
+            format_table(_display_rows(rows, plan.seeds), bleu_tok=True),
+            "",
+        ]
+        lines += [
+            f"{row['model']} seed {row['seed']}: epochs {row['end_epoch'] - n + 1}-{row['end_epoch']}; validation BLEU "
+            + ", ".join(f"ep{end} {bleu:.2f}" for end, bleu in row["valid_bleu"].items())
+            for row in rows
+        ]
+        return lines, est_bleu_note()

@@ -8,12 +8,14 @@ goncalomcorreia/open-nmt, branch sparse-transformers, an OpenNMT-py fork) where 
 silent, or, where both are, fairseq's usual choice, said so. Zhao et al.'s: their script
 fairseq_deen_est.sh and their fairseq 0.9.0 fork (github lancopku/Explicit-Sparse-Transformer,
 fairseq_deen_ende/), whose data is fairseq's examples/translation/prepare-iwslt14.sh.
-docs/recipes.md shows `settings_table()`, `DEPARTURES`, `est_settings_table()` and
-`EST_DEPARTURES`, and tests/test_recipes.py fails when the page and this module disagree.
+Each paper is one Experiment (CORREIA, EST) owning its settings, its tables and its model
+selection; docs/recipes.md shows each one's `settings_table()` and `departures_table()`, and
+tests/test_recipes.py fails when the page and this module disagree.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from examples.pipeline.evaluation import Decoding
 from examples.pipeline.tools import PipelineError
 from examples.pipeline.training import TrainSettings
 from examples.translation.corpora import (
@@ -29,6 +31,7 @@ from examples.translation.corpora import (
     write_iwslt14_smoke_data,
     write_smoke_data,
 )
+from examples.translation.selection import BestCheckpoint, EpochAverages
 
 PAPER = "paper, section 4"
 CODE = "authors' code"
@@ -296,10 +299,44 @@ EST_DEPARTURES = [
 ]
 
 
-def est_train_settings(max_tokens, update_freq, cpu=False):
+def _cell(value):
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(str(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def correia_train_settings(task_name, max_tokens, update_freq, cpu=False):
+    """The TrainSettings of a full run of one of Correia et al.'s tasks, from the tables above.
+
+    Args:
+        task_name: a key of TASKS.
+        max_tokens: tokens per GPU and batch (batch_shape).
+        update_freq: batches accumulated per update (batch_shape).
+        cpu: whether it trains on the CPU (the same settings).
+
+    Returns:
+        A TrainSettings.
+    """
+    every = VALIDATE_EVERY[task_name]
+    return TrainSettings(
+        **{key: s.value for key, s in RECIPE.items()},
+        max_update=MAX_UPDATE[task_name],
+        max_tokens=max_tokens,
+        update_freq=update_freq,
+        save_interval_updates=every,
+        validate_every_epoch=False,
+        keep_last_epochs=5,
+        log_interval=100,
+    )
+
+
+def est_train_settings(task_name, max_tokens, update_freq, cpu=False):
     """The TrainSettings of a full IWSLT14 de-en run, as the authors' script trains.
 
     Args:
+        task_name: the task ("iwslt14", the experiment's one task).
         max_tokens: tokens per GPU and batch (batch_shape).
         update_freq: batches accumulated per update (batch_shape).
         cpu: whether it trains on the CPU (no half precision there).
@@ -322,12 +359,30 @@ def est_train_settings(max_tokens, update_freq, cpu=False):
     )
 
 
-def est_settings_table():
-    """The IWSLT14 de-en recipe's settings, for docs/recipes.md.
+def _correia_settings_rows():
+    rows = [("tokens per update", _cell(TOKENS_PER_UPDATE.value), TOKENS_PER_UPDATE.source)]
+    rows += [(key, _cell(s.value), s.source) for key, s in RECIPE.items()]
+    rows.append(
+        (
+            "validation and checkpoint interval (updates)",
+            ", ".join(f"{t} {n}" for t, n in VALIDATE_EVERY.items()),
+            VALIDATE_SOURCE,
+        )
+    )
+    rows.append(("max_update (cap)", ", ".join(f"{t} {n}" for t, n in MAX_UPDATE.items()), MAX_UPDATE_SOURCE))
+    rows += [(key, _cell(s.value), s.source) for key, s in {**DECODING, **DATA}.items()]
+    rows.append(("alpha_entmax heads", LEARNED_ALPHA.value, LEARNED_ALPHA.source))
+    rows.append(
+        (
+            "variants trained by default",
+            ", ".join(TABLE1_VARIANTS),
+            f"{PAPER}: Table 1 (add `--models topk` for top-k attention)",
+        )
+    )
+    return tuple(rows)
 
-    Returns:
-        A Markdown table: setting, value, source.
-    """
+
+def _est_settings_rows():
     rows = [("tokens per update", _cell(EST_TOKENS_PER_UPDATE.value), EST_TOKENS_PER_UPDATE.source)]
     rows += [(key, _cell(s.value), s.source) for key, s in EST_RECIPE.items()]
     rows += [
@@ -347,21 +402,56 @@ def est_settings_table():
     rows += [(key, _cell(s.value), s.source) for key, s in EST_DECODING.items()]
     rows.append(("BLEU", EST_BLEU.value, EST_BLEU.source))
     rows += [(key, _cell(s.value), s.source) for key, s in EST_DATA.items()]
-    lines = ["| setting | value | source |", "|---|---|---|"]
-    lines += [f"| {name} | {value} | {source} |" for name, value, source in rows]
-    lines += ["", "Sources: " + "; ".join(f"{key}: {what}" for key, what in EST_SOURCES.items()) + "."]
-    return "\n".join(lines)
+    return tuple(rows)
 
 
-def est_departures_table():
-    """Where the IWSLT14 de-en recipe departs from the authors' script, for docs/recipes.md.
+# Smoke mode: every stage at tiny scale on CPU, with the recipe's architecture choices
+# (pre-norm, the three dropouts, Adam without weight decay, selection by validation accuracy)
+# scaled down: a few hundred updates, small BPE, a tiny model.
+SMOKE_BPE_MERGES = 1000
+SMOKE_TRAIN = TrainSettings(
+    **{key: s.value for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
+    max_update=200,
+    max_tokens=2048,
+    lr=2e-3,
+    warmup_updates=50,
+    patience=0,
+    keep_last_epochs=3,
+    log_interval=50,
+    model_args=[
+        "--encoder-layers",
+        1,
+        "--decoder-layers",
+        1,
+        "--encoder-embed-dim",
+        64,
+        "--decoder-embed-dim",
+        64,
+        "--encoder-ffn-embed-dim",
+        128,
+        "--decoder-ffn-embed-dim",
+        128,
+        "--encoder-attention-heads",
+        4,
+        "--decoder-attention-heads",
+        4,
+    ],
+)
 
-    Returns:
-        A Markdown table: departure, why.
-    """
-    lines = ["| departure | why |", "|---|---|"]
-    lines += [f"| {what} | {why} |" for what, why in EST_DEPARTURES]
-    return "\n".join(lines)
+# The IWSLT14 smoke mode: the authors' choices (post-norm, dropout 0.4, weight decay, epoch
+# checkpoints and their averages) on a model of the smoke size, for 3 epochs.
+SMOKE_EST_TRAIN = TrainSettings(
+    **{key: s.value for key, s in EST_RECIPE.items() if key not in ("lr", "warmup_updates", "keep_last_epochs")},
+    max_update=0,
+    max_epoch=3,
+    max_tokens=2048,
+    lr=2e-3,
+    warmup_updates=20,
+    keep_last_epochs=3,
+    log_interval=20,
+    model_args=SMOKE_TRAIN.model_args,
+    extra_args=["--stop-min-lr", EST_STOP_MIN_LR.value],
+)
 
 
 @dataclass
@@ -378,7 +468,8 @@ class SmokeData:
 
 @dataclass(frozen=True)
 class Experiment:
-    """What the tasks of one paper share, and how the driver (recipe.py) runs them."""
+    """One paper's recipe: what its tasks share, the settings they train with, the tables the
+    docs show, and how the driver (recipe.py) selects and scores each model."""
 
     name: str
     tokens_per_update: int
@@ -387,15 +478,51 @@ class Experiment:
     clean: object  # (max_len, max_ratio) after BPE, or None: the prepare stage cleans
     variants: tuple  # trained by default
     seeds: tuple  # trained by default
-    beam: int
-    lenpen: float
-    # "best": checkpoint_best.pt; "epoch_averages": averages of the last n epoch checkpoints
-    # ending at several epochs, the best on the validation set.
-    selection: str
+    decoding: Decoding
+    selection: object  # selection.BestCheckpoint or selection.EpochAverages
+    full_settings: object  # function(task_name, max_tokens, update_freq, cpu) -> TrainSettings
+    smoke_settings: TrainSettings
+    settings_rows: tuple  # (setting, value, source), for the docs
+    departures: tuple  # (departure, why), for the docs
+    sources: dict = field(default_factory=dict)  # the sources' short names, spelled out under the table
     joined_dictionary: bool = True  # fairseq-preprocess with one dictionary for both languages
-    average: tuple = ()  # (n, end epochs), for "epoch_averages"
-    smoke_average: tuple = ()
     training_note: str = ""  # what a full run trains, for the refusal without CUDA
+
+    def train_settings(self, task_name, max_tokens, update_freq, cpu=False):
+        """The TrainSettings of a full run of one task.
+
+        Args:
+            task_name: a key of TASKS.
+            max_tokens: tokens per GPU and batch (batch_shape).
+            update_freq: batches accumulated per update (batch_shape).
+            cpu: whether it trains on the CPU.
+
+        Returns:
+            A TrainSettings.
+        """
+        return self.full_settings(task_name, max_tokens, update_freq, cpu=cpu)
+
+    def settings_table(self):
+        """The experiment's settings, for docs/recipes.md.
+
+        Returns:
+            A Markdown table: setting, value, source; then the sources spelled out, if any.
+        """
+        lines = ["| setting | value | source |", "|---|---|---|"]
+        lines += [f"| {name} | {value} | {source} |" for name, value, source in self.settings_rows]
+        if self.sources:
+            lines += ["", "Sources: " + "; ".join(f"{key}: {what}" for key, what in self.sources.items()) + "."]
+        return "\n".join(lines)
+
+    def departures_table(self):
+        """Where the experiment departs from its paper, for docs/recipes.md.
+
+        Returns:
+            A Markdown table: departure, why.
+        """
+        lines = ["| departure | why |", "|---|---|"]
+        lines += [f"| {what} | {why} |" for what, why in self.departures]
+        return "\n".join(lines)
 
 
 @dataclass
@@ -421,9 +548,12 @@ CORREIA = Experiment(
     clean=DATA["clean"].value,
     variants=TABLE1_VARIANTS,
     seeds=(1,),
-    beam=DECODING["beam"].value,
-    lenpen=DECODING["lenpen"].value,
-    selection="best",
+    decoding=Decoding(beam=DECODING["beam"].value, lenpen=DECODING["lenpen"].value),
+    selection=BestCheckpoint(),
+    full_settings=correia_train_settings,
+    smoke_settings=SMOKE_TRAIN,
+    settings_rows=_correia_settings_rows(),
+    departures=tuple(DEPARTURES),
     training_note="trains Transformer base models for 100k+ updates each",
 )
 EST = Experiment(
@@ -435,13 +565,15 @@ EST = Experiment(
     clean=None,
     variants=EST_VARIANTS.value,
     seeds=EST_SEEDS.value,
-    beam=EST_DECODING["beam"].value,
-    lenpen=EST_DECODING["lenpen"].value,
-    selection="epoch_averages",
-    joined_dictionary=EST_DATA["joined_dictionary"].value,
-    average=EST_AVERAGE.value,
+    decoding=Decoding(beam=EST_DECODING["beam"].value, lenpen=EST_DECODING["lenpen"].value),
     # The smoke mode trains 3 epochs: averages of the last 2 ending at epochs 2 and 3.
-    smoke_average=(2, (2, 3)),
+    selection=EpochAverages(average=EST_AVERAGE.value, smoke_average=(2, (2, 3))),
+    full_settings=est_train_settings,
+    smoke_settings=SMOKE_EST_TRAIN,
+    settings_rows=_est_settings_rows(),
+    departures=tuple(EST_DEPARTURES),
+    sources=EST_SOURCES,
+    joined_dictionary=EST_DATA["joined_dictionary"].value,
     training_note="trains transformer_iwslt_de_en models for 90 epochs each",
 )
 
@@ -456,33 +588,6 @@ def experiment_of(task):
         Its Experiment (CORREIA unless it names another).
     """
     return task.experiment or CORREIA
-
-
-def train_settings(task_name, max_tokens, update_freq, cpu=False):
-    """The TrainSettings of a full run of one task, from the tables above.
-
-    Args:
-        task_name: a key of TASKS.
-        max_tokens: tokens per GPU and batch (batch_shape).
-        update_freq: batches accumulated per update (batch_shape).
-        cpu: whether it trains on the CPU.
-
-    Returns:
-        A TrainSettings.
-    """
-    if experiment_of(TASKS[task_name]) is EST:
-        return est_train_settings(max_tokens, update_freq, cpu=cpu)
-    every = VALIDATE_EVERY[task_name]
-    return TrainSettings(
-        **{key: s.value for key, s in RECIPE.items()},
-        max_update=MAX_UPDATE[task_name],
-        max_tokens=max_tokens,
-        update_freq=update_freq,
-        save_interval_updates=every,
-        validate_every_epoch=False,
-        keep_last_epochs=5,
-        log_interval=100,
-    )
 
 
 def batch_shape(num_gpus, max_tokens=None, update_freq=None, total=None, preferred_max_tokens=None):
@@ -526,55 +631,6 @@ def batch_shape(num_gpus, max_tokens=None, update_freq=None, total=None, preferr
             f"{total} tokens per update: use " + (", ".join(options) or f"a number of GPUs that divides {total}")
         )
     return max_tokens, update_freq
-
-
-def _cell(value):
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(str(v) for v in value) + ")"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def settings_table():
-    """The recipes' settings, for docs/recipes.md.
-
-    Returns:
-        A Markdown table: setting, value, source.
-    """
-    rows = [("tokens per update", _cell(TOKENS_PER_UPDATE.value), TOKENS_PER_UPDATE.source)]
-    rows += [(key, _cell(s.value), s.source) for key, s in RECIPE.items()]
-    rows.append(
-        (
-            "validation and checkpoint interval (updates)",
-            ", ".join(f"{t} {n}" for t, n in VALIDATE_EVERY.items()),
-            VALIDATE_SOURCE,
-        )
-    )
-    rows.append(("max_update (cap)", ", ".join(f"{t} {n}" for t, n in MAX_UPDATE.items()), MAX_UPDATE_SOURCE))
-    rows += [(key, _cell(s.value), s.source) for key, s in {**DECODING, **DATA}.items()]
-    rows.append(("alpha_entmax heads", LEARNED_ALPHA.value, LEARNED_ALPHA.source))
-    rows.append(
-        (
-            "variants trained by default",
-            ", ".join(TABLE1_VARIANTS),
-            f"{PAPER}: Table 1 (add `--models topk` for top-k attention)",
-        )
-    )
-    lines = ["| setting | value | source |", "|---|---|---|"]
-    lines += [f"| {name} | {value} | {source} |" for name, value, source in rows]
-    return "\n".join(lines)
-
-
-def departures_table():
-    """Where the recipes depart from the paper, for docs/recipes.md.
-
-    Returns:
-        A Markdown table: departure, why.
-    """
-    lines = ["| departure | why |", "|---|---|"]
-    lines += [f"| {what} | {why} |" for what, why in DEPARTURES]
-    return "\n".join(lines)
 
 
 TASKS = {
@@ -697,52 +753,3 @@ TASKS = {
         experiment=EST,
     ),
 }
-
-# Smoke mode: every stage at tiny scale on CPU, with the recipe's architecture choices
-# (pre-norm, the three dropouts, Adam without weight decay, selection by validation accuracy)
-# scaled down: a few hundred updates, small BPE, a tiny model.
-SMOKE_BPE_MERGES = 1000
-SMOKE_TRAIN = TrainSettings(
-    **{key: s.value for key, s in RECIPE.items() if key not in ("lr", "warmup_updates", "patience")},
-    max_update=200,
-    max_tokens=2048,
-    lr=2e-3,
-    warmup_updates=50,
-    patience=0,
-    keep_last_epochs=3,
-    log_interval=50,
-    model_args=[
-        "--encoder-layers",
-        1,
-        "--decoder-layers",
-        1,
-        "--encoder-embed-dim",
-        64,
-        "--decoder-embed-dim",
-        64,
-        "--encoder-ffn-embed-dim",
-        128,
-        "--decoder-ffn-embed-dim",
-        128,
-        "--encoder-attention-heads",
-        4,
-        "--decoder-attention-heads",
-        4,
-    ],
-)
-
-# The IWSLT14 smoke mode: the authors' choices (post-norm, dropout 0.4, weight decay, epoch
-# checkpoints and their averages) on a model of the smoke size, for 3 epochs.
-SMOKE_EST_TRAIN = TrainSettings(
-    **{key: s.value for key, s in EST_RECIPE.items() if key not in ("lr", "warmup_updates", "keep_last_epochs")},
-    max_update=0,
-    max_epoch=3,
-    max_tokens=2048,
-    lr=2e-3,
-    warmup_updates=20,
-    keep_last_epochs=3,
-    log_interval=20,
-    model_args=SMOKE_TRAIN.model_args,
-    extra_args=["--stop-min-lr", EST_STOP_MIN_LR.value],
-)
-SMOKE_SETTINGS = {"correia": SMOKE_TRAIN, "est": SMOKE_EST_TRAIN}
