@@ -249,13 +249,14 @@ def machine(device):
     return text
 
 
-def measure(size="base", device="cpu", rounds=5, progress=print):
+def measure(size="base", device="cpu", rounds=5, batch=None, progress=print):
     """Run the benchmark.
 
     Args:
         size: a key of SIZES.
         device: "cpu" or "cuda".
         rounds: timed rounds after the warm-up round.
+        batch: sentences per batch (None: the size's).
         progress: called with a line of progress (print by default; None for silence).
 
     Returns:
@@ -265,7 +266,7 @@ def measure(size="base", device="cpu", rounds=5, progress=print):
     """
     progress = progress or (lambda line: None)
     device = torch.device(device)
-    settings = SIZES[size]
+    settings = dict(SIZES[size], **({} if batch is None else {"batch": batch}))
     results = {}
     for family in FAMILIES:
         train_inputs, generate_inputs = batches(family, settings, device)
@@ -281,12 +282,19 @@ def measure(size="base", device="cpu", rounds=5, progress=print):
         for name, (train, generate) in steps.items():
             train(), generate()  # warm-up
             rows[name]["peak_bytes"] = peak_memory(train, device)
+            progress(f"{family}: {name} warmed up, peak {rows[name]['peak_bytes'] / 2**20:.1f} MB")
         for round_index in range(rounds):
             for name, (train, _) in steps.items():
                 rows[name]["train_rounds"].append(timed(train, device))
             for name, (_, generate) in steps.items():
                 rows[name]["generate_rounds"].append(timed(generate, device))
-            progress(f"{family}: round {round_index + 1}/{rounds} done")
+            progress(
+                f"{family}: round {round_index + 1}/{rounds}: "
+                + ", ".join(
+                    f"{name} {row['train_rounds'][-1]:.3f}/{row['generate_rounds'][-1]:.3f} s"
+                    for name, row in rows.items()
+                )
+            )
         for row in rows.values():
             row["train_s"] = statistics.median(row["train_rounds"])
             row["generate_s"] = statistics.median(row["generate_rounds"])
@@ -297,13 +305,21 @@ def measure(size="base", device="cpu", rounds=5, progress=print):
             row["memory_ratio"] = row["peak_bytes"] / base["peak_bytes"]
         results[family] = rows
         del models, steps
-    return {"machine": machine(device), "size": size, "device": device.type, "rounds": rounds, "results": results}
+    return {
+        "machine": machine(device),
+        "size": size,
+        "batch": settings["batch"],
+        "device": device.type,
+        "rounds": rounds,
+        "results": results,
+    }
 
 
 def format_report(report):
     """The report as a markdown table, one row per family and implementation."""
     lines = [
-        f"{report['machine']}; size {report['size']}, {report['rounds']} rounds, ratios against eager",
+        f"{report['machine']}; size {report['size']}, batches of {report['batch']}, {report['rounds']} rounds, "
+        "ratios against eager",
         "",
         "| model | attention | train step s | x eager | generate s | x eager | peak MB | x eager |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -324,10 +340,13 @@ def main(argv=None):
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up (default 5)")
+    parser.add_argument("--batch", type=int, help="sentences per batch (default: 8 at base size, 2 at tiny)")
     parser.add_argument("--json", type=Path, help="also write the report, with every round, to this file")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.batch is not None and args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
     if args.device not in ("cpu", "cuda"):
         parser.error(f"--device must be cpu or cuda, got {args.device!r}")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -34,7 +34,7 @@ def tiny_report(tmp_path_factory):
 
 def test_json_has_every_family_and_implementation_with_interleaved_rounds(tiny_report):
     _, report = tiny_report
-    assert report["size"] == "tiny" and report["device"] == "cpu" and report["rounds"] == 2
+    assert report["size"] == "tiny" and report["device"] == "cpu" and report["rounds"] == 2 and report["batch"] == 2
     assert "threads" in report["machine"]
     assert tuple(report["results"]) == FAMILIES
     for rows in report["results"].values():
@@ -63,7 +63,11 @@ def test_table_prints_one_row_per_family_and_implementation(tiny_report):
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
-    [(("--rounds", 0), "--rounds must be at least 1"), (("--device", "tpu"), "--device must be cpu or cuda")],
+    [
+        (("--rounds", 0), "--rounds must be at least 1"),
+        (("--batch", 0), "--batch must be at least 1"),
+        (("--device", "tpu"), "--device must be cpu or cuda"),
+    ],
 )
 def test_bad_arguments_are_refused_in_one_line(arguments, message):
     proc = benchmark("--size", "tiny", *arguments)

@@ -47,7 +47,7 @@ SIZES = {
         "finetune_steps": 300,
         "warmup_updates": 100,
         "batch": 64,
-        "lr": 3e-3,
+        "lr": 1e-3,
     },
     "tiny": {
         "n_train": 64,
