@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.training import machine
+from benchmarks.machine import describe
 from examples.pipeline.evaluation import generate_command
 from examples.pipeline.tools import run_logged, run_reporting_errors
 
@@ -155,7 +155,7 @@ def main(argv=None):
         sys.exit(f"the models translated different numbers of sentences ({sorted(counts)}): not the same test set")
     table, medians = speed_table(results, baseline)
     about = (
-        f"{machine(args.device)}; {args.device}{' fp16' if args.fp16 else ''}, "
+        f"{describe(args.device)}; {args.device}{' fp16' if args.fp16 else ''}, "
         f"{args.threads or 'default'} threads; {counts.pop()} {args.subset} sentences of {args.data_bin}, beam "
         f"{args.beam}, lenpen {args.lenpen}; median of {args.rounds} interleaved rounds"
     )

@@ -39,14 +39,11 @@ them).
 
 import argparse
 import json
-import os
-import platform
 import re
 import resource
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 NORMALIZERS = ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"]
 # The rows of a table: (label, normalizer or None for fairseq's own attention). The ratios
@@ -264,27 +261,6 @@ def measure(setting_name, normalizer, args):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def machine(device):
-    """The machine, for the results.
-
-    Args:
-        device: "cpu" or "cuda".
-
-    Returns:
-        The CPU, its logical CPUs, torch's version and threads, and the GPU on cuda, a str.
-    """
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
-        cpu = names[0] if names else cpu
-    import torch
-
-    text = f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
-    if device == "cuda":
-        text += f", GPU {torch.cuda.get_device_name()}"
-    return text
-
-
 def table(results, device):
     """One setting's results table.
 
@@ -325,7 +301,9 @@ def main():
         return
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    print(f"machine: {machine(args.device)}", flush=True)
+    from benchmarks.machine import describe  # torch in this process only for the report
+
+    print(f"machine: {describe(args.device)}", flush=True)
     print(f"command: python {' '.join(sys.argv)}", flush=True)
     for setting_name in args.settings:
         runs = {label: [] for label, _ in ROWS}

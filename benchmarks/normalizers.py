@@ -31,8 +31,6 @@ Run:  python -m benchmarks.normalizers [--device cuda] [--rounds N] [--shapes 32
 import argparse
 import functools
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -40,6 +38,7 @@ import time
 
 import torch
 
+from benchmarks.machine import describe
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
 
 try:
@@ -351,18 +350,7 @@ def machine_description(device):
         The CPU, its logical CPUs, torch's version and threads, the GPU and the entmax
         package's version where they apply, a str.
     """
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    text = f"{cpu}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
-    if device.type == "cuda":
-        text += f", GPU {torch.cuda.get_device_name(device)}"
+    text = describe(device)
     if entmax_package is not None:
         text += f", entmax {getattr(entmax_package, '__version__', '?')}"
     return text

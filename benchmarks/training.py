@@ -29,8 +29,6 @@ seconds, and a machine's speed drifts from one to the next (benchmarks/RESULTS.m
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -40,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.machine import describe
 from examples.pipeline.tools import run_logged, run_reporting_errors
 from examples.pipeline.training import model_size_args
 from fairseq_entmax import USER_DIR
@@ -331,25 +330,6 @@ def generate(data_bin, save_dir, setting, device_args):
     return (all_sentences - batch_sentences) / (all_seconds - batch_seconds)
 
 
-def machine(device="cpu"):
-    """The machine, for the results.
-
-    Args:
-        device: "cpu" or "cuda" (then the GPU is named too).
-
-    Returns:
-        The CPU's name, its cores, torch's version and the GPU where it applies, a str.
-    """
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():
-        names = re.findall(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
-        cpu = names[0] if names else cpu
-    text = f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}"
-    if device == "cuda":
-        text += f", GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
-    return text
-
-
 def setting_report(report, name, about, results, json_path):
     """Put one setting's medians and ratios into the report, and write it to json_path.
 
@@ -526,9 +506,9 @@ def main():
     memory_label = "peak GPU MiB" if cuda else "peak RSS MiB"
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
-    print(f"machine: {machine(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
+    print(f"machine: {describe(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
     report = {
-        "machine": machine(args.device),
+        "machine": describe(args.device),
         "device": args.device,
         "fp16": args.fp16,
         "command": " ".join(sys.argv),
