@@ -1,0 +1,249 @@
+"""Every shell block of README.md and docs/*.md, checked as DOC_BLOCKS says.
+
+A block is found by its file and its first line ("... #2" for the second block of a file that
+starts with the same line). It is checked in one of these ways:
+- PARSE: bash runs the block as written, with SUBSTITUTIONS for the shell variables it uses
+  without defining, but each command of the project, fairseq or torch stops once its own
+  argument parser has accepted its arguments (a sitecustomize ends the process after the
+  first successful `ArgumentParser.parse_args`); `make` runs as `make -n`, `pip install` checks
+  that the extras it names exist, and `sleep` returns at once. So a renamed option, a removed
+  architecture or a wrong module fails, while nothing trains. `...` stands for "the rest as
+  above" in the docs and is dropped from a command's arguments.
+- RUN: bash runs the block as written (cheap commands only, such as a dry run).
+- SYNOPSIS: a usage line with [optional] parts: every --option it names must be in the
+  command's --help.
+- a function: an output sample, checked against the code that prints it.
+
+A block that is not in the table fails the test, and so does an entry whose block is gone.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import BIN_DIR
+
+REPO = Path(__file__).resolve().parents[1]
+
+PACKAGE_FOLDER = str(REPO / "fairseq_entmax")
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console"}
+PARSE, RUN, SYNOPSIS = "parse", "run", "synopsis"
+
+# The shell variables blocks use without defining them.
+SUBSTITUTIONS = {"USER_DIR": PACKAGE_FOLDER, "NODE": "0", "HOST": "127.0.0.1"}
+
+
+def shell_blocks():
+    """(file relative to the repository, line, first line, text) of each fenced shell block."""
+    for path in DOC_FILES:
+        text = path.read_text(encoding="utf-8")
+        seen = {}
+        for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+            if match.group(1) in SHELL_LANGUAGES and match.group(2).strip():
+                line = text[: match.start()].count("\n") + 1
+                first = match.group(2).strip().splitlines()[0]
+                # A later block of the same file with the same first line is named "... #2".
+                seen[first] = seen.get(first, 0) + 1
+                name = first if seen[first] == 1 else f"{first} #{seen[first]}"
+                yield str(path.relative_to(REPO)), line, name, match.group(2)
+
+
+def _source_has(path, *snippets):
+    """A check of an output sample: each snippet is in the sample and in the code at `path` (a
+    file or a folder) that prints it."""
+
+    def check(block):
+        files = [REPO / path] if (REPO / path).is_file() else sorted((REPO / path).rglob("*.py"))
+        source = "".join(f.read_text(encoding="utf-8") for f in files)
+        assert all(snippet in block for snippet in snippets), f"the sample lost one of {snippets}"
+        missing = [snippet for snippet in snippets if snippet not in source]
+        assert not missing, f"{path} no longer prints {missing}"
+
+    return check
+
+
+def _toy_pair_is_in_the_corpus(block):
+    from examples.quickstart.toy_language import write_toy_corpus
+
+    pairs = dict(line.split(": ", 1) for line in block.strip().splitlines())
+    with tempfile.TemporaryDirectory() as folder:
+        directory, src, tgt = write_toy_corpus(Path(folder))
+        sources = (directory / f"train.{src}").read_text(encoding="utf-8").splitlines()
+        targets = (directory / f"train.{tgt}").read_text(encoding="utf-8").splitlines()
+    assert (pairs[src], pairs[tgt]) in set(zip(sources, targets))
+
+
+# (file, the block's first line) -> how it is checked.
+DOC_BLOCKS = {
+    ("README.md", "make demo   # set up .venv, then train softmax / 1.5-entmax / alpha-entmax / top-k models on a built-in toy corpus and print their table"): PARSE,
+    ("README.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("README.md", "fairseq-entmax-analyze DATA-BIN --user-dir $USER_DIR --path CKPT [--path CKPT ...] \\"): SYNOPSIS,
+    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\"): PARSE,
+    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\ #2"): PARSE,
+    ("docs/analysis.md", "{"): _source_has(
+        "fairseq_entmax/analysis", "positional_threshold", "interrogation_threshold", "sentence_id"
+    ),
+    ("docs/fairseq.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("docs/fairseq.md", "fairseq-generate: error: Refusing to load checkpoint x.pt: it contains a pickled posix.system,"): _source_has(
+        "fairseq_entmax/repairs/checkpoint_safety.py", "Refusing to load checkpoint", "not a type fairseq checkpoints hold"
+    ),
+    ("docs/fairseq.md", "fairseq-train data-bin --user-dir $USER_DIR \\"): PARSE,
+    ("docs/fairseq.md", "INFO | fairseq_entmax.normalizers.layers | encoder.layers.0.self_attn.normalizer.alpha_logit:"): _source_has(
+        "fairseq_entmax/normalizers/layers.py", "not in the checkpoint (trained without learned alpha)", "heads start"
+    ),
+    ("docs/fairseq.md", "CUDA_VISIBLE_DEVICES=0,1,2,3 fairseq-train data-bin --user-dir $USER_DIR \\"): PARSE,
+    ("docs/fairseq.md", "torchrun --nnodes 2 --node_rank $NODE --nproc_per_node 8 \\"): PARSE,
+    ("docs/fairseq.md", "for RANK in 0 1; do"): PARSE,
+    ("docs/huggingface.md", "pip install -e '.[huggingface]'     # in a checkout; make setup installs it too"): PARSE,
+    ("docs/huggingface.md", ".venv/bin/python -m examples.huggingface.marian_toy           # about 10 minutes on 2 CPU cores"): PARSE,
+    ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart"): PARSE,
+    ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en"): PARSE,
+    ("docs/recipes.md", "plan: 16000 training pairs, 434307 batch tokens per pass; 8000 BPE merges; at most 6400 updates of 2048 tokens per model, 30.2 passes over the training data (30 passes rounded up to the hundred, 1500 to 8000); each model stops earlier once its validation accuracy has not improved for 3 epochs and is evaluated with its best checkpoint; 3+3 layers of width 128"): _source_has(
+        "examples/quickstart/quickstart.py", "plan: ", "batch tokens per pass", "estimate: at most about"
+    ),
+    ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en --models alpha_entmax --threads 1"): PARSE,
+    ("docs/recipes.md", "svo: le vebezo fe sosota un nefaris rive le dudu"): _toy_pair_is_in_the_corpus,
+    ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe TASK [--dry-run [--num-gpus N]] [--smoke] [--raw-dir DIR]"): SYNOPSIS,
+    ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe iwslt14 [--models softmax topk sparsemax entmax15] [--seed 1 2 3]"): SYNOPSIS,
+    ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe iwslt17 --dry-run --num-gpus 4"): RUN,
+    ("docs/reproduction.md", "make setup"): PARSE,
+    ("docs/reproduction.md", "export OMP_NUM_THREADS=1"): PARSE,
+}  # fmt: skip
+
+# Ends a Python process once its first ArgumentParser.parse_args has accepted its arguments,
+# and records that it did, under the call's id.
+SITECUSTOMIZE = textwrap.dedent(
+    """
+    import argparse
+    import os
+
+    if os.environ.get("DOC_CALL_ID"):
+        _parse_args = argparse.ArgumentParser.parse_args
+
+        def _parse_and_stop(self, args=None, namespace=None):
+            _parse_args(self, args, namespace)
+            with open(os.environ["DOC_LOG"], "a") as log:
+                log.write(f"PARSED {os.environ['DOC_CALL_ID']} {self.prog}\\n")
+            os._exit(0)
+
+        argparse.ArgumentParser.parse_args = _parse_and_stop
+    """
+)
+
+# The commands of a PARSE block, as bash functions. A call of one that names a program (not
+# `python -c`) must reach its parser.
+SHIMS = textwrap.dedent(
+    """
+    set -eo pipefail
+    _doc_call() {
+        local name=$1; shift
+        local args=() a
+        for a in "$@"; do [[ $a == "..." ]] || args+=("$a"); done
+        local id="$name-$BASHPID-$RANDOM"
+        local rc=0
+        DOC_CALL_ID=$id command "$name" "${args[@]}" || rc=$?
+        if [[ $rc != 0 ]]; then echo "FAIL $name exited $rc" >> "$DOC_LOG"; return $rc; fi
+        if [[ ${args[0]} != -c ]] && ! grep -q "^PARSED $id " "$DOC_LOG"; then
+            echo "FAIL $name never parsed its arguments" >> "$DOC_LOG"; return 1
+        fi
+    }
+    for tool in fairseq-preprocess fairseq-train fairseq-generate fairseq-interactive \\
+            fairseq-entmax-analyze torchrun python .venv/bin/python; do
+        eval "function $tool { _doc_call $tool \\"\\$@\\"; }"
+    done
+    make() { command make -n "$@" > /dev/null || { echo "FAIL make $*" >> "$DOC_LOG"; return 1; }; }
+    pip() { command python -c "$PIP_CHECK" "$@" || { echo "FAIL pip $*" >> "$DOC_LOG"; return 1; }; }
+    sleep() { :; }
+    """
+)
+
+# `pip install -e '.[EXTRA]'`: the extras exist in pyproject.toml.
+PIP_CHECK = textwrap.dedent(
+    """
+    import re, sys, tomllib
+    extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
+    named = [e for arg in sys.argv[1:] for m in re.finditer(r"\\[([\\w,-]+)\\]", arg) for e in m.group(1).split(",")]
+    assert named and set(named) <= set(extras), f"extras {named} not all in {sorted(extras)}"
+    """
+)
+
+
+def _environment(tmp_path, parse):
+    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    environment["DOC_LOG"] = str(tmp_path / "calls.log")
+    environment["PIP_CHECK"] = PIP_CHECK
+    if parse:
+        (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environment.get("PYTHONPATH", "")])
+    return environment
+
+
+def _run_block(block, tmp_path, parse):
+    (tmp_path / "calls.log").touch()
+    proc = subprocess.run(
+        ["bash", "-c", (SHIMS if parse else "set -eo pipefail\n") + block],
+        cwd=REPO,
+        env=_environment(tmp_path, parse),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    calls = (tmp_path / "calls.log").read_text()
+    assert proc.returncode == 0 and "FAIL" not in calls, f"{calls}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return calls, proc.stdout
+
+
+def _check_synopsis(block):
+    words = block.split()
+    program = [sys.executable, *words[1:3]] if words[0].endswith("python") else [str(BIN_DIR / words[0])]
+    proc = subprocess.run([*program, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    options = set(re.findall(r"--[a-z][a-z0-9-]*", block))
+    missing = sorted(option for option in options if not re.search(rf"{option}\b", proc.stdout))
+    assert not missing, f"{' '.join(program)} --help has no {missing}"
+
+
+BLOCKS = {(file, first): (line, text) for file, line, first, text in shell_blocks()}
+
+
+def test_every_shell_block_of_the_docs_is_in_the_table():
+    untested = [
+        f"{file}:{line}: {first}" for (file, first), (line, _) in BLOCKS.items() if (file, first) not in DOC_BLOCKS
+    ]
+    gone = [f"{file}: {first}" for file, first in DOC_BLOCKS if (file, first) not in BLOCKS]
+    assert not untested, "add these blocks to DOC_BLOCKS in tests/test_doc_commands.py: " + "; ".join(untested)
+    assert not gone, "these DOC_BLOCKS entries match no block any more: " + "; ".join(gone)
+
+
+@pytest.mark.parametrize("key", sorted(DOC_BLOCKS), ids=lambda key: f"{key[0]}:{key[1][:40]}")
+def test_documented_block(key, tmp_path):
+    if key not in BLOCKS:
+        pytest.fail(f"{key[0]} has no block starting {key[1]!r}")
+    how, (line, block) = DOC_BLOCKS[key], BLOCKS[key]
+    if how == SYNOPSIS:
+        _check_synopsis(block)
+    elif how in (PARSE, RUN):
+        calls, _ = _run_block(block, tmp_path, parse=how == PARSE)
+        if how == PARSE and any(word in block for word in ("fairseq-", ".venv/bin/python -m", "torchrun")):
+            assert "PARSED" in calls, f"{key[0]}:{line}: no command of the block reached its parser"
+    else:
+        how(block)
+
+
+def test_a_rotten_option_fails_the_parse(tmp_path):
+    """The PARSE check catches a command whose option no longer exists."""
+    block = "fairseq-train data-bin --user-dir $USER_DIR --arch adaptively_sparse_transformer --no-such-option 1\n"
+    with pytest.raises(AssertionError, match="fairseq-train exited 2"):
+        _run_block(block, tmp_path, parse=True)
+    (tmp_path / "script").mkdir()
+    block = ".venv/bin/python -m examples.quickstart.quickstart --no-such-option\n"
+    with pytest.raises(AssertionError, match="exited 2"):
+        _run_block(block, tmp_path / "script", parse=True)
