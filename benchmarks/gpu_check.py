@@ -65,6 +65,7 @@ class Size:
         round_trip_updates: its training updates.
         round_trip_lines: its corpus lines.
         training_args: benchmarks.training's arguments.
+        huggingface_args: benchmarks.huggingface's arguments.
         skip: {step name: why it is skipped at this size}.
         budget_s: the default seconds for all the steps together.
     """
@@ -76,6 +77,7 @@ class Size:
     round_trip_updates: int
     round_trip_lines: int
     training_args: list
+    huggingface_args: list
     skip: dict
     budget_s: int
 
@@ -100,6 +102,7 @@ FULL = Size(
     round_trip_lines=3000,
     training_args=["--settings", "paper-size", "--fp16", "--rounds", "1", "--gen-repeats", "1", "--updates", "20"]
     + ["--lines", "3900", "--models", "sparsemax", "entmax15", "alpha_entmax", "topk"],
+    huggingface_args=["--rounds", "3"],
     skip={},
     budget_s=520,
 )
@@ -115,6 +118,7 @@ TINY = Size(
     # command costs seconds of CPU at start-up, and the check of the check should be quick
     training_args=["--settings", "tiny", "--models", "topk", "--rounds", "1", "--generate", "none"]
     + ["--updates", "10", "--lines", "300"],
+    huggingface_args=["--size", "tiny", "--rounds", "1"],
     # Inductor's C++ build would take the CPU for longer than the rest of the check;
     # tests/test_fairseq_compile.py compiles through fairseq on the CPU.
     skip={"training-compiled": "--cpu-tiny: compiling on the CPU is tested by tests/test_fairseq_compile.py"},
@@ -455,6 +459,17 @@ def render_json(name, result):
     return ["", f"## {name}", "", "```", json.dumps(result, indent=1, ensure_ascii=False), "```"]
 
 
+def render_huggingface(name, result):
+    """The huggingface step's section: benchmarks.huggingface's table.
+
+    Returns:
+        The Markdown lines.
+    """
+    from benchmarks.huggingface import format_report  # transformers only where the step ran
+
+    return ["", f"## {name}", "", *format_report(result).splitlines()]
+
+
 def render_normalizers(name, result):
     """A normalizers-<dtype> step's section: benchmarks.normalizers' table.
 
@@ -571,6 +586,9 @@ STEPS = [
          300, partial(run_benchmark, module="training",
                       args=["--data", "{data}", "--work-dir", "{work}", *COMPILED_ARGS],
                       size_args="training_args"), render_training, needs_data=True),
+    Step("huggingface", "python -m benchmarks.huggingface --device {device}: Marian and Llama at base width, "
+         "each attention implementation against transformers' eager and sdpa", 120,
+         partial(run_benchmark, module="huggingface", size_args="huggingface_args"), render_huggingface),
 ]  # fmt: skip
 STEP_BY_NAME = {step.name: step for step in STEPS}
 

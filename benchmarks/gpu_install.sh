@@ -12,7 +12,8 @@
 # 2.3.0 and antlr4-python3-runtime 4.9.3 (published as an sdist only: its pure-Python wheel is
 # built here), bitarray, cffi and pycparser, the entmax package (the benchmark's reference),
 # setuptools (to install this package), and fairseq-fixed 0.12.3.1 twice: its cp312 wheel and
-# its sdist (built there only if the wheel does not import). The versions are those
+# its sdist (built there only if the wheel does not import), and transformers 5.24.0 with what
+# it needs (the huggingface step; pure Python but tokenizers and safetensors). The versions are those
 # `make setup PYTHON=python3.12` installs. `download --all` adds fairseq's runtime needs that
 # the image already holds (numpy, cython, regex, sacrebleu, tqdm, scikit-learn and their
 # dependencies), for a machine without them.
@@ -35,6 +36,7 @@ cd "$(dirname "$0")/.."
 WHEELS=${WHEELS:-.whl}
 PYTHON=${PYTHON:-python3}
 FAIRSEQ=fairseq-fixed==0.12.3.1
+TRANSFORMERS=transformers==5.24.0
 # Not on the GPU image (as its package list read): fetched for it.
 MISSING=(hydra-core==1.3.2 omegaconf==2.3.0 bitarray==3.12.3 cffi==2.1.1 pycparser==3.12 entmax==1.3 setuptools==84.2.1)
 # fairseq's runtime needs (the Makefile's FAIRSEQ_RUNTIME) and the check's that the image holds.
@@ -56,6 +58,16 @@ download() {
     # antlr4-python3-runtime 4.9.3 (omegaconf's pin) has no wheel on PyPI: build its pure-Python one.
     "${pip[@]}" wheel --quiet --no-deps --wheel-dir "$WHEELS" antlr4-python3-runtime==4.9.3
     "${pip[@]}" download --quiet --no-deps --only-binary=:all: "${TARGET[@]}" -d "$WHEELS" "${MISSING[@]}" "$FAIRSEQ"
+    # transformers with its dependencies resolved for the GPU's Python, less those the image
+    # holds (numpy alone is 15 MB of the carried folder).
+    local resolved_dir wheel name
+    resolved_dir=$(mktemp -d)
+    "${pip[@]}" download --quiet --only-binary=:all: "${TARGET[@]}" -d "$resolved_dir" "$TRANSFORMERS"
+    for wheel in "$resolved_dir"/*.whl; do
+        name=$(basename "$wheel" | cut -d- -f1 | tr '[:upper:]_' '[:lower:]-')
+        [[ " ${ON_IMAGE[*]} " == *" $name "* && $all != --all ]] || mv "$wheel" "$WHEELS"/
+    done
+    rm -rf "$resolved_dir"
     # The sdist, for a build there if the wheel fails: torch, cython and numpy make its
     # metadata, so it is fetched without building anything.
     "${pip[@]}" download --quiet --no-deps --no-binary=:all: --no-build-isolation -d "$WHEELS" "$FAIRSEQ"
@@ -90,6 +102,8 @@ install() {
         env -u CUDA_HOME "${pip[@]}" --no-deps --no-build-isolation "$WHEELS"/fairseq_fixed-0.12.3.1.tar.gz
         echo "fairseq: built from its sdist"
     fi
+    # For the huggingface step only: without it the other steps still run.
+    "${pip[@]}" "$TRANSFORMERS" || echo "transformers: not installed; the huggingface step will fail"
     # This package, editable; its build backend (setuptools >= 77) comes from the wheels.
     "${pip[@]}" --no-deps -e .
     (cd / && "$PYTHON" -c "import fairseq, fairseq_entmax, torch; print('fairseq', fairseq.__version__, \
