@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -411,8 +412,12 @@ def results_table(median, memory_label):
     return "\n".join(lines)
 
 
-def main():
-    """The benchmark's command line (see the top); prints the results table."""
+def build_parser():
+    """The benchmark's command line (see the top).
+
+    Returns:
+        The argparse.ArgumentParser.
+    """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -468,13 +473,54 @@ def main():
         action="store_true",
         help="with --compile, the sparse models only with --compile-normalizers (the baseline stays)",
     )
-    args = parser.parse_args()
+    return parser
+
+
+@dataclass
+class Plan:
+    """What a run measures, from its command line.
+
+    Attributes:
+        args: the parsed command line.
+        models: name -> fairseq-train arguments of each model trained (the baseline first).
+        compiled: name -> the model it compiles, for those trained with --compile-normalizers.
+        generated: the models whose generation speed is measured.
+        device_args: fairseq's arguments for the device.
+    """
+
+    args: argparse.Namespace
+    models: dict
+    compiled: dict
+    generated: list
+    device_args: list
+
+    @property
+    def cuda(self):
+        """Whether it runs on a GPU."""
+        return self.args.device == "cuda"
+
+    @property
+    def memory_label(self):
+        """The tables' name of the peak memory measured."""
+        return "peak GPU MiB" if self.cuda else "peak RSS MiB"
+
+
+def plan_from(args, parser):
+    """Check the command line and choose the models.
+
+    Args:
+        args: the parsed command line.
+        parser: its parser (for the errors).
+
+    Returns:
+        The Plan.
+    """
     models = {
         name: model_args
         for name, model_args in MODELS.items()
         if args.models is None or name in args.models or name == next(iter(MODELS))
     }
-    compiled = set()
+    compiled = {}
     if args.only_compiled and not args.compile:
         parser.error("--only-compiled needs --compile")
     if args.compile:
@@ -496,15 +542,85 @@ def main():
             "German-English text, e.g. Multi30k as examples.reproduction.reduced_scale downloads it "
             "into ~/.cache/fairseq-entmax/multi30k)"
         )
-    cuda = args.device == "cuda"
     device_args = ["--fp16"] if args.fp16 else []
-    if not cuda:
+    if args.device != "cuda":
         device_args += ["--cpu", "--num-workers", "0"]
     generated = [
         model for model in models if args.generate == "all" or (args.generate == "uncompiled" and model not in compiled)
     ]
-    memory_label = "peak GPU MiB" if cuda else "peak RSS MiB"
+    return Plan(args, models, compiled, generated, device_args)
 
+
+def measure_setting(plan, name, work, report):
+    """Train and time every model of the plan at one setting, printing progress and its table.
+
+    Args:
+        plan: the Plan.
+        name: the setting, a key of SETTINGS.
+        work: the setting's work folder.
+        report: the report (--json), updated as each measurement ends.
+    """
+    args, models, generated = plan.args, plan.models, plan.generated
+    setting = SETTINGS[name]
+    n_gen = args.gen_sentences or setting["gen_sentences"]
+    data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
+    results = {model: {"wps": [], "memory": [], "sps": []} for model in models}
+    for round_ in range(args.rounds):
+        save_dirs = {}
+        for model, model_args in models.items():
+            save_dirs[model] = work / f"{model}_r{round_}"
+            t0 = time.time()
+            wps, memory = train(
+                data_bin,
+                save_dirs[model],
+                [a.format(**setting) for a in model_args],
+                setting,
+                plan.device_args,
+                args.updates,
+                cuda=plan.cuda,
+                save=model in generated,
+            )
+            results[model]["wps"].append(wps)
+            results[model]["memory"].append(memory)
+            # What was measured so far, in --json: a run stopped at a time limit keeps it.
+            setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
+            print(
+                f"[{name} round {round_ + 1}/{args.rounds}] {label(model)}: {wps:.0f} words/s, "
+                f"{plan.memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
+                flush=True,
+            )
+        for repeat in range(args.gen_repeats if generated else 0):
+            rates = {model: generate(data_bin, save_dirs[model], setting, plan.device_args) for model in generated}
+            for model, sps in rates.items():
+                results[model]["sps"].append(sps)
+            setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
+            print(
+                f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
+                "sentences/s: "
+                + ", ".join(f"{label(model)} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()),
+                flush=True,
+            )
+    generation = (
+        f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens"
+        if generated
+        else "no generation"
+    )
+    about = (
+        f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
+        f"{', fp16' if args.fp16 else ''}, {generation}; median of {args.rounds} rounds"
+        + (f" (generation: of {args.rounds * args.gen_repeats} runs)" if generated else "")
+    )
+    median = setting_report(report, name, about, results, args.json)
+    print(f"\n### {name}: {about}\n")
+    print(results_table(median, plan.memory_label))
+    print(flush=True)
+
+
+def main():
+    """The benchmark's command line (see the top); prints the results table."""
+    parser = build_parser()
+    plan = plan_from(parser.parse_args(), parser)
+    args = plan.args
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
     print(f"machine: {describe(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
     report = {
@@ -512,66 +628,11 @@ def main():
         "device": args.device,
         "fp16": args.fp16,
         "command": " ".join(sys.argv),
-        "memory": "peak GPU memory allocated by torch" if cuda else "peak resident set size",
+        "memory": "peak GPU memory allocated by torch" if plan.cuda else "peak resident set size",
         "settings": {},
     }
     for name in args.settings:
-        setting = SETTINGS[name]
-        work = work_root / name
-        n_gen = args.gen_sentences or setting["gen_sentences"]
-        data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
-        results = {model: {"wps": [], "memory": [], "sps": []} for model in models}
-        for round_ in range(args.rounds):
-            save_dirs = {}
-            for model, model_args in models.items():
-                save_dirs[model] = work / f"{model}_r{round_}"
-                t0 = time.time()
-                wps, memory = train(
-                    data_bin,
-                    save_dirs[model],
-                    [a.format(**setting) for a in model_args],
-                    setting,
-                    device_args,
-                    args.updates,
-                    cuda=cuda,
-                    save=model in generated,
-                )
-                results[model]["wps"].append(wps)
-                results[model]["memory"].append(memory)
-                # What was measured so far, in --json: a run stopped at a time limit keeps it.
-                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
-                print(
-                    f"[{name} round {round_ + 1}/{args.rounds}] {label(model)}: {wps:.0f} words/s, "
-                    f"{memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
-                    flush=True,
-                )
-            for repeat in range(args.gen_repeats if generated else 0):
-                rates = {model: generate(data_bin, save_dirs[model], setting, device_args) for model in generated}
-                for model, sps in rates.items():
-                    results[model]["sps"].append(sps)
-                setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
-                print(
-                    f"[{name} round {round_ + 1}/{args.rounds}] generation {repeat + 1}/{args.gen_repeats}, "
-                    "sentences/s: "
-                    + ", ".join(
-                        f"{label(model)} {'-' if sps is None else f'{sps:.2f}'}" for model, sps in rates.items()
-                    ),
-                    flush=True,
-                )
-        generation = (
-            f"generation of {n_gen} sentences, beam 5, to exactly {setting['gen_len']} tokens"
-            if generated
-            else "no generation"
-        )
-        about = (
-            f"{setting['about']}; {args.updates} updates of {setting['max_tokens']} tokens"
-            f"{', fp16' if args.fp16 else ''}, {generation}; median of {args.rounds} rounds"
-            + (f" (generation: of {args.rounds * args.gen_repeats} runs)" if generated else "")
-        )
-        median = setting_report(report, name, about, results, args.json)
-        print(f"\n### {name}: {about}\n")
-        print(results_table(median, memory_label))
-        print(flush=True)
+        measure_setting(plan, name, work_root / name, report)
 
 
 if __name__ == "__main__":
