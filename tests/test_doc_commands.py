@@ -102,7 +102,7 @@ DOC_BLOCKS = {
     ("docs/fairseq.md", "torchrun --nnodes 2 --node_rank $NODE --nproc_per_node 8 \\"): PARSE,
     ("docs/fairseq.md", "for RANK in 0 1; do"): PARSE,
     ("docs/huggingface.md", "pip install -e '.[huggingface]'     # in a checkout; make setup installs it too"): PARSE,
-    ("docs/huggingface.md", ".venv/bin/python -m examples.huggingface.marian_toy           # about 10 minutes on 2 CPU cores"): PARSE,
+    ("docs/huggingface.md", ".venv/bin/python -m examples.huggingface.marian_toy           # about 3 minutes on 2 CPU cores"): PARSE,
     ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en"): PARSE,

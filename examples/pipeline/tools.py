@@ -168,26 +168,13 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         # tool's workers too); without one, Ctrl-C in a terminal reaches the tool itself.
         start_new_session=timeout is not None,
     )
-    lines = queue.Queue()
-    readers = [
-        threading.Thread(target=_read_lines, args=(stream, name, lines), daemon=True)
-        for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
-    ]
-    for reader in readers:
-        reader.start()
     if input is not None:
         threading.Thread(target=_type_into, args=(proc.stdin, input), daemon=True).start()
     captured = {"stdout": [], "stderr": []}
     try:
-        open_streams = 2
-        while open_streams:
-            try:
-                name, line = lines.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                raise _timed_out(args, timeout, captured) from None
+        for name, line in _output_lines(proc, deadline):
             if line is None:
-                open_streams -= 1
-                continue
+                raise _timed_out(args, timeout, captured)
             captured[name].append(line)
             if log_file is not None:
                 log_file.write(line)
@@ -211,17 +198,42 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         usage.ru_maxrss / 1024,
     )
     if check and finished.returncode != 0:
-        from fairseq_entmax.repairs.checkpoint_safety import refusal_in
-
-        # A refused checkpoint is the user's to fix: its one line, as the tool printed it.
-        refusal = refusal_in(finished.stdout + finished.stderr)
-        if refusal is not None:
-            raise PipelineError(refusal)
-        where = f"; full log in {log_path}" if log_path is not None else ""
-        raise ToolError(
-            f"{Path(args[0]).name} failed (exit {finished.returncode}){where}: {' '.join(args)}\n{_tail(captured)}"
-        )
+        raise _failure(finished, log_path, captured)
     return finished
+
+
+def _failure(finished, log_path, captured):
+    """The error of a command that failed: a PipelineError with its one line where it refused a
+    checkpoint (the user's to fix), else a ToolError with the end of its output."""
+    from fairseq_entmax.repairs.checkpoint_safety import refusal_in
+
+    refusal = refusal_in(finished.output)
+    if refusal is not None:
+        return PipelineError(refusal)
+    where = f"; full log in {log_path}" if log_path is not None else ""
+    command = finished.args
+    return ToolError(
+        f"{Path(command[0]).name} failed (exit {finished.returncode}){where}: {' '.join(command)}\n{_tail(captured)}"
+    )
+
+
+def _output_lines(proc, deadline):
+    """(stream name, line) of a process's stdout and stderr as they come, until both end, or
+    a last (None, None) when the deadline passes first."""
+    lines = queue.Queue()
+    for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+        threading.Thread(target=_read_lines, args=(stream, name, lines), daemon=True).start()
+    open_streams = 2
+    while open_streams:
+        try:
+            name, line = lines.get(timeout=None if deadline is None else max(deadline - time.monotonic(), 0))
+        except queue.Empty:
+            yield None, None
+            return
+        if line is None:
+            open_streams -= 1
+        else:
+            yield name, line
 
 
 def _read_lines(stream, name, lines):
