@@ -72,7 +72,7 @@ def test_the_analysis_loads_a_checkpoint_by_every_route_to_the_plugin(user_dir, 
         check=False,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    [analysed] = json.loads((tmp_path / "analysis.json").read_text())["models"]
+    [analyzed] = json.loads((tmp_path / "analysis.json").read_text())["models"]
     # the model built from the checkpoint is this package's, with its learned alphas
-    assert set(analysed["normalizers"].values()) == {"alpha_entmax"}
-    assert any(r["alpha"] != pytest.approx(1.5) for r in analysed["alpha"])
+    assert set(analyzed["normalizers"].values()) == {"alpha_entmax"}
+    assert any(r["alpha"] != pytest.approx(1.5) for r in analyzed["alpha"])

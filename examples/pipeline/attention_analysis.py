@@ -29,7 +29,7 @@ def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
         checkpoints: {label: checkpoint path}.
         subset: the subset to run the models over.
         out_dir: where the analysis is written.
-        num_sentences: analyse only that many sentences (None: all).
+        num_sentences: analyze only that many sentences (None: all).
 
     Returns:
         The command, a list of str.
@@ -61,7 +61,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         subset: the subset to run the models over.
         out_dir: where the analysis is written.
         log_path: the command's log, appended to.
-        num_sentences: analyse only that many sentences (None: all).
+        num_sentences: analyze only that many sentences (None: all).
 
     Returns:
         {label: {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}, "js":
@@ -88,7 +88,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     if not (report.exists() and done_with_same_settings(marker, made_with)):
         report.unlink(missing_ok=True)
     if not report.exists():
-        log(f"analysing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
+        log(f"analyzing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
         run_logged(analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences), log_path)
         mark_done(marker, settings=made_with)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}

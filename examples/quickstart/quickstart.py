@@ -149,7 +149,7 @@ def estimated_seconds(max_update, models, n_test):
     Args:
         max_update: training updates per model.
         models: the attention variants (keys of SECONDS_PER_UPDATE).
-        n_test: test sentences, translated and analysed once per model.
+        n_test: test sentences, translated and analyzed once per model.
 
     Returns:
         The estimate in seconds, for all models together.

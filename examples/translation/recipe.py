@@ -464,11 +464,11 @@ def analysis_step(args, plan):
     """
     layout = plan.layout
     checkpoints = {
-        variant: plan.selection.analysed_checkpoint(layout.save_dir(variant, args.seed[0])) for variant in args.models
+        variant: plan.selection.analyzed_checkpoint(layout.save_dir(variant, args.seed[0])) for variant in args.models
     }
     sentences = args.analysis_sentences or (100 if args.smoke else None)
 
-    def analyse():
+    def run_analysis():
         analysis = analyze(
             layout.data_bin,
             checkpoints,
@@ -481,7 +481,8 @@ def analysis_step(args, plan):
             if row["seed"] == args.seed[0] and row["selection"] == plan.selection.reported:
                 row.update((analysis or {}).get(row["model"], {}))
 
-    return command_step(analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, sentences), analyse)
+    command = analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, sentences)
+    return command_step(command, run_analysis)
 
 
 def walk(args, plan):

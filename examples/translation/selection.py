@@ -269,7 +269,7 @@ class BestCheckpoint:
             return settings
         return dataclasses.replace(settings, keep_last_epochs=max(settings.keep_last_epochs, plan.average_last))
 
-    def analysed_checkpoint(self, save_dir):
+    def analyzed_checkpoint(self, save_dir):
         """The checkpoint of a model that the attention analysis reads.
 
         Args:
@@ -301,7 +301,7 @@ class BestCheckpoint:
                     f"-> {checkpoint} (checkpoints.average_checkpoints)"
                 )
             else:
-                checkpoint = self.analysed_checkpoint(save_dir)
+                checkpoint = self.analyzed_checkpoint(save_dir)
             out = work / "eval" / f"{model.name}-{select}"
             yield command_step(_generate_command(plan, checkpoint, "test", out))
 
@@ -383,7 +383,7 @@ class EpochAverages:
         """
         return settings
 
-    def analysed_checkpoint(self, save_dir):
+    def analyzed_checkpoint(self, save_dir):
         """The checkpoint of a model that the attention analysis reads.
 
         Args:
