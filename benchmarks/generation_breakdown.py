@@ -131,10 +131,12 @@ def main():
     print("|---|---|---|---|---|" + "---|" * len(ATTENTION_TYPES))
     for checkpoint in args.path:
         # One process per checkpoint, so that no run inherits another's warm caches.
+        # As a module from the repository's root, as it was started: it imports the examples.
         done = run_logged(
             [
                 sys.executable,
-                __file__,
+                "-m",
+                "benchmarks.generation_breakdown",
                 str(args.data_bin),
                 "--path",
                 str(checkpoint),
@@ -143,7 +145,8 @@ def main():
                 "--device",
                 args.device,
                 "--worker",
-            ]
+            ],
+            cwd=Path(__file__).resolve().parents[1],
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
