@@ -17,53 +17,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+from benchmarks.revisions import REPOSITORY, export, git
+from examples.pipeline.tools import run_logged
+
 BENCHMARK = "benchmarks.normalizers"
 DEFAULT_SHAPES = ["128x128x128", "32x512x512"]
-
-
-def git(*args):
-    """The stripped standard output of a git command in this repository.
-
-    Raises:
-        SystemExit: git failed; its message is printed as one line.
-    """
-    done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True)
-    if done.returncode != 0:
-        message = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "no message"
-        raise SystemExit(f"error: git {' '.join(args)}: {message}")
-    return done.stdout.strip()
-
-
-def export_package(ref, into):
-    """Write REF's fairseq_entmax package into the folder `into`.
-
-    Args:
-        ref: a commit, tag or branch of this repository.
-        into: an existing empty folder.
-
-    Returns:
-        REF's full commit hash.
-
-    Raises:
-        SystemExit: REF names no commit.
-    """
-    done = subprocess.run(
-        ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPOSITORY, capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"error: {ref!r} is not a commit of this repository (see git log)")
-    commit = done.stdout.strip()
-    archive = subprocess.run(
-        ["git", "archive", commit, "fairseq_entmax"], cwd=REPOSITORY, capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return commit
 
 
 def run_benchmark(package_root, shapes, rounds, threads, clock, output):
@@ -85,19 +47,18 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     """
     # Run from package_root: `python -c` and `-m` put the current folder before PYTHONPATH.
     # REPOSITORY after it: this tree's benchmarks package, which REF's export does not hold.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(package_root), str(REPOSITORY)]))
-    where = subprocess.run(
+    env = {"PYTHONPATH": os.pathsep.join([str(package_root), str(REPOSITORY)])}
+    where = run_logged(
         [sys.executable, "-c", "import fairseq_entmax; print(fairseq_entmax.__file__)"],
         env=env,
         cwd=package_root,
-        capture_output=True,
-        text=True,
+        check=False,
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(Path(package_root).resolve()):
         raise SystemExit(f"error: fairseq_entmax imports from {where!r}, not from {package_root}")
     command = [sys.executable, "-m", BENCHMARK, "--ours-only", "--no-memory", "--json", str(output)]
     command += ["--rounds", str(rounds), "--threads", str(threads), "--clock", clock, "--shapes", *shapes]
-    done = subprocess.run(command, env=env, cwd=package_root, capture_output=True, text=True)
+    done = run_logged(command, env=env, cwd=package_root, check=False)
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-2000:]}")
     rows = json.loads(Path(output).read_text())["rows"]
@@ -115,7 +76,7 @@ def compare(ref, shapes, process_rounds, rounds, threads, clock):
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as scratch:
         ref_root = Path(scratch) / "ref"
         ref_root.mkdir()
-        commit = export_package(ref, ref_root)
+        commit = export(ref, "fairseq_entmax", ref_root)
         sides = [("working tree", REPOSITORY, tree_times), (commit[:9], ref_root, ref_times)]
         for round_index in range(process_rounds):
             for label, root, times in sides if round_index % 2 == 0 else sides[::-1]:

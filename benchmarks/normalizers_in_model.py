@@ -20,7 +20,6 @@ import argparse
 import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from argparse import Namespace
@@ -30,10 +29,10 @@ import torch
 from fairseq import checkpoint_utils
 
 from benchmarks.normalizers import CLOCKS, machine_description
+from benchmarks.revisions import export
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.plugin import import_user_dir
 
-REPO = Path(__file__).resolve().parents[1]
 NORMALIZERS = "fairseq_entmax/normalizers"
 BASELINE_PACKAGE = "baseline_normalizers"
 
@@ -48,18 +47,11 @@ def load_baseline(revision, folder):
     Returns:
         The package, whose functions are named as this tree's (FUNCTION_NAMES).
     """
-    names = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{revision}:{NORMALIZERS}"], cwd=REPO, capture_output=True, text=True
-    )
-    if names.returncode != 0:
-        sys.exit(f"--against {revision}: no {NORMALIZERS} there ({names.stderr.strip()})")
+    export(revision, NORMALIZERS, folder)
     package = Path(folder) / BASELINE_PACKAGE
-    package.mkdir()
-    for name in names.stdout.split():
-        text = subprocess.run(
-            ["git", "show", f"{revision}:{NORMALIZERS}/{name}"], cwd=REPO, check=True, capture_output=True, text=True
-        ).stdout
-        (package / name).write_text(text.replace("fairseq_entmax.normalizers", BASELINE_PACKAGE))
+    (Path(folder) / NORMALIZERS).rename(package)
+    for file in package.glob("*.py"):
+        file.write_text(file.read_text().replace("fairseq_entmax.normalizers", BASELINE_PACKAGE))
     # Imported from its folder by file location, the working tree's import path left as it is.
     spec = importlib.util.spec_from_file_location(
         BASELINE_PACKAGE, package / "__init__.py", submodule_search_locations=[str(package)]
