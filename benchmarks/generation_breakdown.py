@@ -15,14 +15,15 @@ On a GPU every timed call is synchronised, which slows the run a little.
 """
 
 import argparse
-import json
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from examples.pipeline.tools import run_logged, run_reporting_errors
+from benchmarks.fresh_process import call_in_fresh_process
+from examples.pipeline.tools import run_reporting_errors
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.names import ATTENTION_TYPES
@@ -43,8 +44,6 @@ def measure(data_bin, checkpoint, length, device):
         "normalize_s" (the normalizers' total), "ms_per_call" ({attention type: mean ms, or
         None})}.
     """
-    from fairseq_cli import generate
-
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = {kind: [] for kind in ATTENTION_TYPES}
     normalizers = set()
@@ -89,9 +88,13 @@ def measure(data_bin, checkpoint, length, device):
         "--max-len-b",
         str(length),
     ] + (["--cpu"] if device == "cpu" else [])
-    start = time.perf_counter()
-    generate.cli_main()
-    wall = time.perf_counter() - start
+    # fairseq-generate's log and output to stderr: stdout is the caller's table.
+    with contextlib.redirect_stdout(sys.stderr):
+        from fairseq_cli import generate
+
+        start = time.perf_counter()
+        generate.cli_main()
+        wall = time.perf_counter() - start
     return {
         "checkpoint": str(checkpoint),
         "normalizers": sorted(normalizers),
@@ -114,11 +117,7 @@ def main():
     )
     parser.add_argument("--len", type=int, default=60, help="output length every hypothesis is forced to")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print("RESULT " + json.dumps(measure(args.data_bin, args.path[0], args.len, args.device)))
-        return
     missing = [str(path) for path in args.path if not path.is_file()]
     if missing:
         sys.exit(f"checkpoint not found: {', '.join(missing)}")
@@ -131,27 +130,7 @@ def main():
     print("|---|---|---|---|---|" + "---|" * len(ATTENTION_TYPES))
     for checkpoint in args.path:
         # One process per checkpoint, so that no run inherits another's warm caches.
-        # As a module from the repository's root, as it was started: it imports the examples.
-        done = run_logged(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.generation_breakdown",
-                str(args.data_bin),
-                "--path",
-                str(checkpoint),
-                "--len",
-                str(args.len),
-                "--device",
-                args.device,
-                "--worker",
-            ],
-            cwd=Path(__file__).resolve().parents[1],
-        )
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if not lines:
-            sys.exit(f"{checkpoint}: the measurement printed no result:\n{done.stderr[-3000:]}")
-        result = json.loads(lines[-1][len("RESULT ") :])
+        result = call_in_fresh_process(measure, args.data_bin, checkpoint, args.len, args.device)
         if not result["normalizers"]:
             sys.exit(f"{checkpoint}: no SparseMultiheadAttention was called; pass checkpoints of this package's models")
         per_call = " | ".join(

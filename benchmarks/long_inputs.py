@@ -14,7 +14,7 @@ hands self-attention to PyTorch's fused attention (F.multi_head_attention_forwar
 without attention weights calls scaled_dot_product_attention), while this package's attention
 computes the (batch * heads, queries, keys) scores, whatever the normalizer.
 
-Every measurement is a fresh process (this script with --worker), so that nothing one
+Every measurement is a fresh process (benchmarks/fresh_process.py), so that nothing one
 normalizer allocated is counted for another; the processes are interleaved over rounds
 (A, B, C, ..., A, B, C, ...) and the median is kept.
   peak MiB    what the forward+backward added to the process' memory at its peak: on CPU
@@ -38,12 +38,12 @@ them).
 """
 
 import argparse
-import json
 import re
 import resource
 import statistics
-import subprocess
 import sys
+
+from benchmarks.fresh_process import call_in_fresh_process
 
 NORMALIZERS = ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"]
 # The rows of a table: (label, normalizer or None for fairseq's own attention). The ratios
@@ -206,14 +206,16 @@ def model_step(normalizer, device, setting):
 
 
 def worker(setting_name, normalizer, device_name, threads):
-    """Measure one (setting, normalizer) in this process; print a JSON line with peak_mib and
-    process_mib (None on a GPU).
+    """Measure one (setting, normalizer) in this process, its first pass.
 
     Args:
         setting_name: a key of SETTINGS.
         normalizer: the --attention-normalizer, or None: fairseq's own attention.
         device_name: "cpu" or "cuda".
         threads: torch's threads (None: torch's choice).
+
+    Returns:
+        {"peak_mib", "process_mib" (None on a GPU)}.
     """
     device_is_cuda = device_name == "cuda"
     if not device_is_cuda:
@@ -237,7 +239,7 @@ def worker(setting_name, normalizer, device_name, threads):
         step()
         process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         peak = process_peak - before
-    print(json.dumps({"peak_mib": peak / 2**20, "process_mib": process_peak and process_peak / 2**20}))
+    return {"peak_mib": peak / 2**20, "process_mib": process_peak and process_peak / 2**20}
 
 
 def measure(setting_name, normalizer, args):
@@ -252,13 +254,7 @@ def measure(setting_name, normalizer, args):
     Returns:
         The worker's {"peak_mib", "process_mib"}.
     """
-    command = [sys.executable, __file__, "--worker", setting_name, normalizer or "fairseq", "--device", args.device]
-    if args.threads:
-        command += ["--threads", str(args.threads)]
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"worker failed: {' '.join(command)}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return call_in_fresh_process(worker, setting_name, normalizer, args.device, args.threads)
 
 
 def table(results, device):
@@ -293,12 +289,7 @@ def main():
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--rounds", type=int, default=3, help="processes per measurement, interleaved; median kept")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--worker", nargs=2, metavar=("SETTING", "NORMALIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        setting_name, normalizer = args.worker
-        worker(setting_name, None if normalizer == "fairseq" else normalizer, args.device, args.threads)
-        return
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     from benchmarks.machine import describe  # torch in this process only for the report
