@@ -438,8 +438,8 @@ def results_json(results):
     return rows
 
 
-def main():
-    """The benchmark's command line (see the top); prints the results table."""
+def build_parser():
+    """The benchmark's command line (see the top), an argparse.ArgumentParser."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
@@ -466,6 +466,12 @@ def main():
         help="wall time (default) or the process's CPU time, steadier on a shared machine at --threads 1",
     )
     parser.add_argument("--json", default=None, help="also write the results to this file (JSON)")
+    return parser
+
+
+def main():
+    """The benchmark's command line (see the top); prints the results table."""
+    parser = build_parser()
     args = parser.parse_args()
     if args.ours_only:
         global entmax_package

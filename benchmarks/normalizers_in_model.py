@@ -18,6 +18,7 @@ of the per-batch ratios. Timing the same version against itself gives the noise.
 
 import argparse
 import importlib.util
+import itertools
 import random
 import statistics
 import sys
@@ -174,7 +175,9 @@ def main():
         train_batches = task.get_batch_iterator(
             task.dataset("train"), max_tokens=args.max_tokens, seed=1, max_positions=(2048, 2048)
         ).next_epoch_itr(shuffle=True)
-        train_batches = [next(train_batches) for _ in range(args.train_batches)]
+        train_batches = list(itertools.islice(train_batches, args.train_batches))
+        if len(train_batches) < args.train_batches:
+            sys.exit(f"--train-batches {args.train_batches}: the training set makes {len(train_batches)} batches")
 
         def train_step(batch):
             loss, _, _ = criterion(model, batch)
@@ -193,7 +196,12 @@ def main():
         test_batches = task.get_batch_iterator(
             task.dataset("test"), max_sentences=16, max_positions=(2048, 2048)
         ).next_epoch_itr(shuffle=False)
-        test_batches = [next(test_batches) for _ in range(args.gen_batches + 1)][1:]
+        test_batches = list(itertools.islice(test_batches, args.gen_batches + 1))[1:]
+        if len(test_batches) < args.gen_batches:
+            sys.exit(
+                f"--gen-batches {args.gen_batches}: the test set makes {len(test_batches)} batches of 16 sentences "
+                "after the first, which is not timed"
+            )
 
         def beam_search(batch):
             with torch.no_grad():

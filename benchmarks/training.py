@@ -228,52 +228,7 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
         else [BIN / "fairseq-train"]
     )
     text, peak_mib = run(
-        [
-            *command,
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            *model_args,
-            *setting["size"],
-            "--task",
-            "translation",
-            "--optimizer",
-            "adam",
-            "--adam-betas",
-            "(0.9,0.98)",
-            "--lr",
-            "5e-4",
-            "--lr-scheduler",
-            "inverse_sqrt",
-            "--warmup-updates",
-            "4000",
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            "--max-tokens",
-            str(setting["max_tokens"]),
-            "--max-update",
-            str(updates),
-            "--max-source-positions",
-            "2048",
-            "--max-target-positions",
-            "2048",
-            "--disable-validation",
-            "--save-dir",
-            save_dir,
-            "--no-epoch-checkpoints",
-            "--save-interval-updates",
-            str(updates),
-            *([] if save else ["--no-save"]),
-            "--seed",
-            "1",
-            "--log-format",
-            "json",
-            "--log-interval",
-            "5",
-            *device_args,
-        ],
+        [*command, *train_args(data_bin, save_dir, model_args, setting, device_args, updates, save)],
         log_path,
         gpu_peak_file,
     )
@@ -281,6 +236,55 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
     if len(inner) < 2:
         sys.exit(f"too few log intervals in {log_path}: raise --updates")
     return statistics.mean(float(s["wps"]) for s in inner[1:]), peak_mib
+
+
+def train_args(data_bin, save_dir, model_args, setting, device_args, updates, save):
+    """fairseq-train's arguments for train (which documents them), a list."""
+    return [
+        data_bin,
+        "--user-dir",
+        USER_DIR,
+        *model_args,
+        *setting["size"],
+        "--task",
+        "translation",
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9,0.98)",
+        "--lr",
+        "5e-4",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "4000",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-tokens",
+        str(setting["max_tokens"]),
+        "--max-update",
+        str(updates),
+        "--max-source-positions",
+        "2048",
+        "--max-target-positions",
+        "2048",
+        "--disable-validation",
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--save-interval-updates",
+        str(updates),
+        *([] if save else ["--no-save"]),
+        "--seed",
+        "1",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "5",
+        *device_args,
+    ]
 
 
 def generate(data_bin, save_dir, setting, device_args):
@@ -542,6 +546,10 @@ def plan_from(args, parser):
             "German-English text, e.g. Multi30k as examples.reproduction.reduced_scale downloads it "
             "into ~/.cache/fairseq-entmax/multi30k)"
         )
+    if args.work_dir is not None and args.work_dir.is_dir() and any(args.work_dir.iterdir()):
+        # fairseq-preprocess refuses its dictionaries there, and fairseq-train would resume the
+        # checkpoints it finds instead of training afresh.
+        parser.error(f"--work-dir {args.work_dir} holds an earlier run: give an empty or new folder, or remove it")
     device_args = ["--fp16"] if args.fp16 else []
     if args.device != "cuda":
         device_args += ["--cpu", "--num-workers", "0"]
