@@ -1,0 +1,222 @@
+"""How long the quickstart's models take to converge on a corpus, by the corpus's size: what
+sizes its cap on updates and its time estimate (docs/recipes.md, "Your own corpus").
+
+For each size N, the first N training pairs of --data (its valid and test sets whole) go
+through the quickstart with a cap out of reach (--max-update), so that the patience stops
+every model. Each model's validation curve (its train.log, one validation per epoch) then
+says when it stopped, when it was best, and where a patience on the validation loss instead
+of the accuracy would have stopped it; its training time over its updates gives the rate the
+estimate needs. Runs go to --work-dir/N-pairs/; a second run reuses what the first finished
+(the quickstart skips finished stages and resumes an interrupted training).
+
+    python -m examples.quickstart.convergence --data DIR --src de --tgt en \\
+        --sizes 5000 10000 19689 --models softmax alpha_entmax --threads 1
+
+Prints one row per corpus size and model, with the rows of earlier runs in the same --work-dir
+for other sizes or models, and writes them all to --work-dir/convergence.json.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from examples.pipeline.tables import format_seconds
+from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors
+from examples.quickstart.quickstart import MODELS, PATIENCE, count_training_tokens
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MAX_UPDATE = 20000
+
+
+def patience_stop(values, patience, maximize):
+    """Where a patience on a validation metric stops a run, validated once per epoch.
+
+    Args:
+        values: the metric after each validation, in order.
+        patience: validations without a new best that stop the run (fairseq's --patience).
+        maximize: whether higher is better (accuracy) or lower (loss).
+
+    Returns:
+        (stop, best): indexes into values of the validation after which the run stops (None
+        when the patience is never met) and of the best one before it (the first to reach it).
+    """
+    best = 0
+    for i, value in enumerate(values):
+        if (value > values[best]) if maximize else (value < values[best]):
+            best = i
+        if i - best >= patience:
+            return i, best
+    return None, best
+
+
+def model_row(save_dir, patience):
+    """What one model's training log says of its convergence.
+
+    Args:
+        save_dir: the model's folder (train.log, train_seconds.txt).
+        patience: the patience it trained with.
+
+    Returns:
+        A dict: updates and epochs trained, whether the patience stopped it, the update and
+        epoch of its best validation accuracy, where a patience on the validation loss would
+        have stopped it and the accuracy at that loss's best, the first update within one
+        point of the best accuracy, and the training seconds per update.
+    """
+    from fairseq_entmax.analysis.training_log import read_validation_curve
+
+    curve = read_validation_curve(save_dir / "train.log")
+    updates, accuracy, loss = curve["num_updates"], curve["accuracy"], curve["loss"]
+    stop, best = patience_stop(accuracy, patience, maximize=True)
+    loss_stop, loss_best = patience_stop(loss, patience, maximize=False)
+    near = next(i for i, value in enumerate(accuracy) if value >= accuracy[best] - 1.0)
+    seconds = float((save_dir / "train_seconds.txt").read_text())
+    return {
+        "updates": updates[-1],
+        "epochs": len(updates),
+        "updates_per_epoch": updates[0],
+        "stopped_by_patience": stop is not None,
+        "best_update": updates[best],
+        "best_epoch": best + 1,
+        "best_accuracy": accuracy[best],
+        "loss_stop_update": None if loss_stop is None else updates[loss_stop],
+        "loss_best_update": updates[loss_best],
+        "accuracy_at_loss_best": accuracy[loss_best],
+        "within_1_point_update": updates[near],
+        "train_seconds": seconds,
+        "seconds_per_update": seconds / updates[-1],
+    }
+
+
+def write_subset(files, n_pairs, into):
+    """The first n_pairs training pairs and the whole valid and test sets, written to `into`
+    as the quickstart reads a corpus (a file already holding the same text is left alone)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for split, pair in files.items():
+        for path in pair:
+            lines = read_lines(path)[:n_pairs] if split == "train" else read_lines(path)
+            text = "".join(line + "\n" for line in lines)
+            target = into / path.name
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                target.write_text(text, encoding="utf-8")
+
+
+def run_quickstart(args, n_pairs):
+    """The quickstart on the first n_pairs training pairs, its progress shown as it comes.
+
+    Returns:
+        The quickstart's work folder.
+    """
+    folder = args.work_dir / f"{n_pairs}-pairs"
+    files = {split: (args.data / f"{split}.{args.src}", args.data / f"{split}.{args.tgt}") for split in SPLITS}
+    write_subset(files, n_pairs, folder / "data")
+    work = folder / "quickstart"
+    command = [
+        sys.executable, "-m", "examples.quickstart.quickstart",
+        "--data", folder / "data", "--src", args.src, "--tgt", args.tgt, "--work-dir", work,
+        "--models", *args.models, "--max-update", args.max_update, "--patience", args.patience,
+        *(["--threads", args.threads] if args.threads else []), *(["--tiny"] if args.tiny else []),
+    ]  # fmt: skip
+    log(f"{n_pairs} pairs: the quickstart in {work}")
+    run_logged(command, folder / "quickstart.log", show=lambda line: line.rstrip(), cwd=REPO)
+    return work
+
+
+def measure(args):
+    """Every size through the quickstart, then one row per size and model.
+
+    Returns:
+        The rows, as written to convergence.json.
+    """
+    rows = []
+    for n_pairs in args.sizes:
+        work = run_quickstart(args, n_pairs)
+        batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
+        results = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
+        for model in args.models:
+            row = {"pairs": n_pairs, "batch_tokens_per_pass": batch_tokens, "model": model}
+            row.update(model_row(work / "models" / f"{model}-seed1", args.patience))
+            row["bleu"] = results[model]["bleu"]
+            rows.append(row)
+    return rows
+
+
+def format_rows(rows):
+    """The rows as a Markdown table."""
+    lines = [
+        "| pairs | batch tokens per pass | model | stopped at update (epoch) | best accuracy at update (epoch) "
+        "| within 1 point at update | loss patience stops at | accuracy at loss best | s/update | training | BLEU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        stopped = f"{r['updates']} ({r['epochs']})" + ("" if r["stopped_by_patience"] else ", cap")
+        loss_stop = "-" if r["loss_stop_update"] is None else str(r["loss_stop_update"])
+        lines.append(
+            f"| {r['pairs']} | {r['batch_tokens_per_pass']} | {r['model']} | {stopped} | "
+            f"{r['best_update']} ({r['best_epoch']}): {r['best_accuracy']:.2f} | {r['within_1_point_update']} | "
+            f"{loss_stop} | {r['accuracy_at_loss_best']:.2f} | {r['seconds_per_update']:.3f} | "
+            f"{format_seconds(r['train_seconds'])} | {r['bleu']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    """The command line (see the top); argparse exits with status 2 on a bad one."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="the corpus: {train,valid,test}.{SRC,TGT}, raw text")
+    parser.add_argument("--src", required=True, help="source language code (file suffix)")
+    parser.add_argument("--tgt", required=True, help="target language code (file suffix)")
+    parser.add_argument("--sizes", type=int, nargs="+", required=True, help="training pairs of each run")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="default: all four")
+    parser.add_argument(
+        "--max-update",
+        type=int,
+        default=DEFAULT_MAX_UPDATE,
+        help=f"the cap, to stay out of reach (default {DEFAULT_MAX_UPDATE})",
+    )
+    parser.add_argument("--patience", type=int, default=PATIENCE, help=f"the quickstart's (default {PATIENCE})")
+    parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
+    parser.add_argument(
+        "--work-dir", type=Path, default=REPO / "runs" / "convergence", help="default: runs/convergence"
+    )
+    parser.add_argument("--tiny", action="store_true", help="the quickstart's --tiny model sizes, for tests")
+    args = parser.parse_args(argv)
+    if args.patience < 1:
+        parser.error("--patience must be at least 1: the measurement is of where it stops")
+    if min(args.sizes) < 1:
+        parser.error("--sizes are numbers of training pairs, 1 or more")
+    return args
+
+
+def run(args):
+    """Check the corpus, measure, print and write the table."""
+    files = {split: (args.data / f"{split}.{args.src}", args.data / f"{split}.{args.tgt}") for split in SPLITS}
+    available = check_parallel_corpus(files)["train"]
+    if max(args.sizes) > available:
+        raise PipelineError(f"--sizes {max(args.sizes)}: {args.data} has {available} training pairs")
+    args.work_dir = args.work_dir.resolve()
+    rows = measure(args)
+    # Rows of earlier runs for other sizes or models stay: one table for every measurement.
+    record = args.work_dir / "convergence.json"
+    measured = {(row["pairs"], row["model"]) for row in rows}
+    earlier = json.loads(record.read_text()) if record.exists() else []
+    rows = sorted(
+        [row for row in earlier if (row["pairs"], row["model"]) not in measured] + rows,
+        key=lambda row: (row["pairs"], MODELS.index(row["model"])),
+    )
+    record.write_text(json.dumps(rows, indent=1) + "\n")
+    print(format_rows(rows))
+
+
+def main(argv=None):
+    """The command line, as `python -m examples.quickstart.convergence` runs it.
+
+    Returns:
+        The exit status: 0, or 2 with a message when an input or a stage fails.
+    """
+    return run_reporting_errors(run, parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
