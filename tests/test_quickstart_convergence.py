@@ -50,6 +50,7 @@ def test_each_size_gets_a_row_read_from_its_validation_curve(tmp_path):
         "updates_per_epoch": 4, "stopped_by_patience": True, "best_update": 20, "best_epoch": 5,
         "best_accuracy": 14.39, "loss_stop_update": None, "loss_best_update": 32, "accuracy_at_loss_best": 14.1,
         "within_1_point_update": 20, "train_seconds": 14.0, "seconds_per_update": 0.44, "bleu": 0.0,
+        "passes_at_stop": 11.8, "passes_at_best": 7.4,
     }  # fmt: skip
     (work / "convergence.json").write_text(json.dumps([earlier]))
     proc = run(
@@ -71,6 +72,8 @@ def test_each_size_gets_a_row_read_from_its_validation_curve(tmp_path):
     assert row["best_update"] == row["best_epoch"] * row["updates_per_epoch"]
     assert row["within_1_point_update"] <= row["best_update"]
     assert row["seconds_per_update"] == pytest.approx(row["train_seconds"] / row["updates"])
+    # In passes over the training data, at --tiny's batches of 1024 tokens.
+    assert row["passes_at_stop"] == pytest.approx(row["updates"] * 1024 / row["batch_tokens_per_pass"])
     summary = json.loads((work / "200-pairs" / "quickstart" / "results.json").read_text())[0]
     assert row["bleu"] == summary["bleu"] and summary["updates"] == row["updates"]
     table_row = next(line for line in proc.stdout.splitlines() if line.startswith("| 200 | "))

@@ -24,7 +24,7 @@ from pathlib import Path
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.tables import format_seconds
 from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors
-from examples.quickstart.quickstart import MODELS, PATIENCE, count_training_tokens
+from examples.quickstart.quickstart import MODELS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_UPDATE = 20000
@@ -133,10 +133,14 @@ def measure(args):
     for n_pairs in args.sizes:
         work = run_quickstart(args, n_pairs)
         batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
+        max_tokens = (SIZES["tiny"] if args.tiny else OWN_CORPUS)["max_tokens"]
         results = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
         for model in args.models:
             row = {"pairs": n_pairs, "batch_tokens_per_pass": batch_tokens, "model": model}
             row.update(model_row(work / "models" / f"{model}-seed1", args.patience))
+            # Passes over the training data, as the quickstart sizes its cap in them.
+            row["passes_at_stop"] = row["updates"] * max_tokens / batch_tokens
+            row["passes_at_best"] = row["best_update"] * max_tokens / batch_tokens
             row["bleu"] = results[model]["bleu"]
             rows.append(row)
     return rows
@@ -145,16 +149,18 @@ def measure(args):
 def format_rows(rows):
     """The rows as a Markdown table."""
     lines = [
-        "| pairs | batch tokens per pass | model | stopped at update (epoch) | best accuracy at update (epoch) "
-        "| within 1 point at update | loss patience stops at | accuracy at loss best | s/update | training | BLEU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pairs | batch tokens per pass | model | stopped at update (epoch) | passes | best accuracy at update "
+        "(epoch) | passes | within 1 point at update | loss patience stops at | accuracy at loss best | s/update "
+        "| training | BLEU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         stopped = f"{r['updates']} ({r['epochs']})" + ("" if r["stopped_by_patience"] else ", cap")
         loss_stop = "-" if r["loss_stop_update"] is None else str(r["loss_stop_update"])
         lines.append(
-            f"| {r['pairs']} | {r['batch_tokens_per_pass']} | {r['model']} | {stopped} | "
-            f"{r['best_update']} ({r['best_epoch']}): {r['best_accuracy']:.2f} | {r['within_1_point_update']} | "
+            f"| {r['pairs']} | {r['batch_tokens_per_pass']} | {r['model']} | {stopped} | {r['passes_at_stop']:.1f} | "
+            f"{r['best_update']} ({r['best_epoch']}): {r['best_accuracy']:.2f} | {r['passes_at_best']:.1f} | "
+            f"{r['within_1_point_update']} | "
             f"{loss_stop} | {r['accuracy_at_loss_best']:.2f} | {r['seconds_per_update']:.3f} | "
             f"{format_seconds(r['train_seconds'])} | {r['bleu']:.2f} |"
         )
