@@ -128,8 +128,8 @@ def ratios(seconds, baseline):
     return lines
 
 
-def main():
-    """The benchmark's command line (see the top); prints the ratios."""
+def build_parser():
+    """The benchmark's command line (see the top), an argparse.ArgumentParser."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data_bin", type=Path, help="the data-bin, with train and test splits")
     parser.add_argument("--path", type=Path, required=True, help="a checkpoint of a model of this package")
@@ -146,7 +146,12 @@ def main():
         default="wall",
         help="wall time (default) or the process's CPU time, steadier on a shared machine at --threads 1",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    """The benchmark's command line (see the top); prints the ratios."""
+    args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(1)
