@@ -14,9 +14,11 @@ resumes an interrupted training from its last checkpoint.
 On your corpus, each model trains until its validation accuracy has not improved for 3 epochs
 (--patience), under a cap on its updates sized to the corpus (own_corpus_max_update), and is
 evaluated with its best checkpoint; BPE is sized to the corpus too (own_corpus_bpe_merges). The
-plan, with an estimate of its time at the cap, is printed before training, and the table says
-per model whether it stopped on the patience or at the cap; --max-update and --bpe-merges
-override the sizes. The toy pair trains every model for a fixed number of updates.
+plan is printed before training, with an estimate of its time where the patience typically
+stops a model and at the cap, and a warning when the cap is likely to stop the models before
+they converge; each model's line then gives its own training rate, and the table says per
+model whether it stopped on the patience or at the cap. --max-update and --bpe-merges override
+the sizes. The toy pair trains every model for a fixed number of updates.
 """
 
 import argparse
@@ -80,20 +82,26 @@ MERGES_PER_TRAINING_PAIR, MERGES_RANGE = 0.5, (1000, 8000)
 # On your corpus (--tiny too) a model stops once its validation accuracy has not improved for
 # PATIENCE epochs, as in the reproduction: a fixed budget compares the variants early in
 # training, where softmax leads and the sparse ones catch up later (docs/reproduction.md).
-# The cap is five times the earlier fixed budget of 6 passes, so that a corpus like the
-# reproduction's converges before it, while a corpus too large to converge still stops in
-# bounded time (docs/recipes.md, "Your own corpus", says why five).
 PATIENCE = 3
-PASSES_OVER_TRAINING_DATA, UPDATES_RANGE = 30, (1500, 8000)
-# Measured for the estimate printed before training (docs/recipes.md, "Your own corpus", says
-# how): CPU seconds per update of fairseq-train of this model, one thread, 16,000 TED pairs, on
-# a 2-core AMD EPYC; and per test sentence and model, fairseq-generate (beam 5)
-# plus fairseq-entmax-analyze, timed on a fully trained model (its translations are what a
-# user's run decodes).
+# Where the patience stopped the quickstart's models, measured on TED and Multi30k corpora of
+# 5,000 to 19,689 pairs (examples.quickstart.convergence; docs/recipes.md, "How long a corpus
+# takes to converge"), in passes over the training data: the estimate assumes the mean, and
+# the cap gives CAP_MARGIN times the most any model took, so that a corpus like those
+# converges before it, while a corpus too large to converge still stops in bounded time.
+PASSES_TO_STOP = {"typical": 28.0, "most": 28.7}
+CAP_MARGIN, UPDATES_RANGE = 1.5, (1500, 12000)
 # The variants the quickstart trains and compares (examples.pipeline.training has sparsemax too).
 MODELS = ("softmax", "entmax15", "alpha_entmax", "topk")
-SECONDS_PER_UPDATE = {"softmax": 0.83, "entmax15": 0.83, "alpha_entmax": 1.09, "topk": 0.82}
-SECONDS_PER_TEST_SENTENCE = 0.45
+# Measured for the estimate (docs/recipes.md, "How long a corpus takes to converge", says how),
+# on a 2-core Intel Xeon: seconds per update of fairseq-train of this model at one thread,
+# validation and checkpoints at each epoch's end included, with 8,000 BPE merges; the factor
+# a vocabulary of 1,000 merges gives (the output layer's share, interpolated linearly between);
+# the speed-up of two threads (beyond two, not measured: the estimate keeps two's); and per test
+# sentence and model, fairseq-generate (beam 5) plus fairseq-entmax-analyze at torch's threads.
+SECONDS_PER_UPDATE = {"softmax": 0.63, "entmax15": 0.70, "alpha_entmax": 0.76, "topk": 0.70}
+SMALL_VOCABULARY_FACTOR = 0.57
+THREAD_SPEEDUP = {1: 1.0, 2: 1.70}
+SECONDS_PER_TEST_SENTENCE = 0.30
 
 
 def own_corpus_bpe_merges(n_training_pairs):
@@ -111,6 +119,21 @@ def own_corpus_bpe_merges(n_training_pairs):
     return int(min(MERGES_RANGE[1], max(MERGES_RANGE[0], merges)))
 
 
+def expected_updates(training_tokens, max_tokens=OWN_CORPUS["max_tokens"], passes=None):
+    """The updates after which the patience typically stops a model on a corpus.
+
+    Args:
+        training_tokens: what a pass over the training data costs (count_training_tokens).
+        max_tokens: the tokens of a batch.
+        passes: passes over the training data (None: the typical measured figure).
+
+    Returns:
+        The updates, rounded up to the hundred.
+    """
+    passes = PASSES_TO_STOP["typical"] if passes is None else passes
+    return int(100 * math.ceil(passes * training_tokens / max_tokens / 100))
+
+
 def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
     """The cap on the training updates of a model on a corpus (the patience stops it earlier).
 
@@ -119,12 +142,29 @@ def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
         max_tokens: the tokens of a batch.
 
     Returns:
-        Enough batches of max_tokens for 30 passes over the training data, rounded up to the
-        hundred, from 1500 to 8000 (which bounds the time: docs/recipes.md; --max-update
-        gives more).
+        CAP_MARGIN times the passes the slowest measured model took to stop, in batches of
+        max_tokens, rounded up to the hundred, from 1,500 to 12,000 (which bounds the time:
+        docs/recipes.md; --max-update gives more).
     """
-    updates = 100 * math.ceil(PASSES_OVER_TRAINING_DATA * training_tokens / max_tokens / 100)
+    updates = expected_updates(training_tokens, max_tokens, CAP_MARGIN * PASSES_TO_STOP["most"])
     return int(min(UPDATES_RANGE[1], max(UPDATES_RANGE[0], updates)))
+
+
+def seconds_per_update(model, bpe_merges, threads):
+    """The estimate's training rate of one model (the measured rates above).
+
+    Args:
+        model: the attention variant (a key of SECONDS_PER_UPDATE).
+        bpe_merges: the BPE merges, which size the output layer.
+        threads: fairseq-train's threads.
+
+    Returns:
+        Seconds per update.
+    """
+    low, high = MERGES_RANGE
+    share = (min(max(bpe_merges, low), high) - low) / (high - low)
+    vocabulary = SMALL_VOCABULARY_FACTOR + (1 - SMALL_VOCABULARY_FACTOR) * share
+    return SECONDS_PER_UPDATE[model] * vocabulary / THREAD_SPEEDUP[min(threads, max(THREAD_SPEEDUP))]
 
 
 def count_training_tokens(bpe_dir, src, tgt):
@@ -143,41 +183,55 @@ def count_training_tokens(bpe_dir, src, tgt):
     return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
 
 
-def estimated_seconds(max_update, models, n_test):
+def estimated_seconds(updates, models, n_test, bpe_merges, threads):
     """The time training, translation and analysis take, at the measured rates above.
 
     Args:
-        max_update: training updates per model.
+        updates: training updates per model.
         models: the attention variants (keys of SECONDS_PER_UPDATE).
         n_test: test sentences, translated and analyzed once per model.
+        bpe_merges: the BPE merges.
+        threads: fairseq-train's threads.
 
     Returns:
         The estimate in seconds, for all models together.
     """
-    return sum(max_update * SECONDS_PER_UPDATE[m] + n_test * SECONDS_PER_TEST_SENTENCE for m in models)
+    return sum(
+        updates * seconds_per_update(m, bpe_merges, threads) + n_test * SECONDS_PER_TEST_SENTENCE for m in models
+    )
 
 
-def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max_update_given, patience=PATIENCE):
-    """The lines printed before training on a user's corpus: sizes, and the time they take at
-    most.
+def training_threads(threads):
+    """The threads fairseq-train gets: --threads, else torch's default in a new process."""
+    if threads:
+        return threads
+    import torch  # here: the plan is the only part of the quickstart that needs it
+
+    return torch.get_num_threads()
+
+
+def own_corpus_plan(size, counts, training_tokens, models, max_update_given, patience=PATIENCE, threads=1):
+    """The lines printed before training on a user's corpus: sizes, the time they take, and a
+    warning when the cap is likely to stop the models before they converge.
 
     Args:
         size: the run's sizes (OWN_CORPUS with bpe_merges and max_update, the cap, filled in).
-        n_training_pairs: the number of training pairs.
+        counts: {split: number of pairs} of the corpus.
         training_tokens: what a pass over the training data costs (count_training_tokens).
         models: the attention variants to train.
-        n_test: the number of test sentences.
         max_update_given: whether --max-update set the cap (the plan says so).
         patience: the epochs without a better validation accuracy that stop a model (0: none).
+        threads: fairseq-train's threads (training_threads).
 
     Returns:
-        Two lines of text: the plan, and the estimate of its time at the cap.
+        Lines of text: the plan, the estimate, and the warning where it applies.
     """
-    passes = size["max_update"] * size["max_tokens"] / training_tokens
+    cap, merges, max_tokens = size["max_update"], size["bpe_merges"], size["max_tokens"]
     how = (
         "--max-update"
         if max_update_given
-        else (f"{PASSES_OVER_TRAINING_DATA} passes rounded up to the hundred, {UPDATES_RANGE[0]} to {UPDATES_RANGE[1]}")
+        else f"{CAP_MARGIN:g} x the {PASSES_TO_STOP['most']:g} passes the slowest measured model took to stop, "
+        f"{UPDATES_RANGE[0]} to {UPDATES_RANGE[1]}"
     )
     stopping = (
         f"each model stops earlier once its validation accuracy has not improved for {patience} epochs "
@@ -185,18 +239,38 @@ def own_corpus_plan(size, n_training_pairs, training_tokens, models, n_test, max
         if patience
         else "every model trains to the cap (--patience 0) and is evaluated with its best checkpoint"
     )
-    seconds = estimated_seconds(size["max_update"], models, n_test)
-    per_model = seconds / len(models)
-    return [
-        f"plan: {n_training_pairs} training pairs, {training_tokens} batch tokens per pass; {size['bpe_merges']} "
-        f"BPE merges; at most {size['max_update']} updates of {size['max_tokens']} tokens per model, "
-        f"{passes:.1f} passes over the training data ({how}); {stopping}; "
-        f"{size['layers']}+{size['layers']} layers of width {size['dim']}",
-        f"estimate: at most about {format_seconds(seconds)} for {len(models)} model(s) ({format_seconds(per_model)} "
-        f"each at the cap: training, translating {n_test} test sentences, analysis) at the rates measured on one "
-        "core of a 2-core AMD EPYC (docs/recipes.md); a model stopped by the patience takes less; "
-        "--max-update N changes the cap",
+    lines = [
+        f"plan: {counts['train']} training pairs, {training_tokens} batch tokens per pass; {merges} "
+        f"BPE merges; at most {cap} updates of {max_tokens} tokens per model, "
+        f"{cap * max_tokens / training_tokens:.1f} passes over the training data ({how}); {stopping}; "
+        f"{size['layers']}+{size['layers']} layers of width {size['dim']}"
     ]
+
+    def total(updates):
+        return format_seconds(estimated_seconds(updates, models, counts["test"], merges, threads))
+
+    typical = expected_updates(training_tokens, max_tokens)
+    stops = (
+        f"about {total(typical)} for {len(models)} model(s) if each stops near {typical} updates "
+        f"({PASSES_TO_STOP['typical']:g} passes, where the patience typically stopped the measured models), "
+        f"at most {total(cap)} at the cap"
+        if patience and typical < cap
+        else f"about {total(cap)} for {len(models)} model(s), each training to the cap of {cap} updates"
+    )
+    lines.append(
+        f"estimate: {stops}; training, translating {counts['test']} test sentences and analysis, fairseq-train at "
+        f"{threads} thread(s) (--threads), at the rates measured on a 2-core Intel Xeon (docs/recipes.md); each "
+        "model's own rate is logged once it is trained"
+    )
+    slowest = expected_updates(training_tokens, max_tokens, PASSES_TO_STOP["most"])
+    if patience and cap < slowest:
+        room = expected_updates(training_tokens, max_tokens, CAP_MARGIN * PASSES_TO_STOP["most"])
+        lines.append(
+            f"warning: the cap of {cap} updates is below the {slowest} ({PASSES_TO_STOP['most']:g} passes) that the "
+            "slowest measured model needed before the patience stopped it: models may stop at the cap, "
+            f"unconverged, which the table will say; --max-update {room} gives them room, at most {total(room)}"
+        )
+    return lines
 
 
 def convergence_note(rows, max_update, patience=PATIENCE):
@@ -414,14 +488,9 @@ def run(args):
         training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
         size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
+        threads = training_threads(args.threads)
         for line in own_corpus_plan(
-            size,
-            counts["train"],
-            training_tokens,
-            args.models,
-            counts["test"],
-            max_update_given=bool(args.max_update),
-            patience=patience,
+            size, counts, training_tokens, args.models, bool(args.max_update), patience, threads
         ):
             log(line)
 
@@ -434,20 +503,25 @@ def run(args):
     )
     rows = []
     for i, variant in enumerate(args.models, 1):
-        rows.append(
-            train_and_evaluate(
-                data_bin,
-                work,
-                Model(variant, 1, label=f"{variant} [{i}/{len(args.models)}]", threads=args.threads),
-                settings,
-                references,
-                Decoding(max_len=(1.5, 10)),
-                select="best" if own_corpus else "last",
-            )
+        model = Model(variant, 1, label=f"{variant} [{i}/{len(args.models)}]", threads=args.threads)
+        row = train_and_evaluate(
+            data_bin,
+            work,
+            model,
+            settings,
+            references,
+            Decoding(max_len=(1.5, 10)),
+            select="best" if own_corpus else "last",
         )
-    if own_corpus:
-        for row in rows:
-            row.update(training_summary(Path(row["checkpoint"]).parent / "train.log"))
+        if own_corpus:
+            row.update(training_summary(work / "models" / model.name / "train.log"))
+        if sized and row["updates"]:
+            estimate = seconds_per_update(variant, size["bpe_merges"], threads)
+            log(
+                f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
+                f"{row['train_seconds'] / row['updates']:.2f} s per update (the estimate's: {estimate:.2f})"
+            )
+        rows.append(row)
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
