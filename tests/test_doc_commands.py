@@ -80,6 +80,24 @@ def _toy_pair_is_in_the_corpus(block):
     assert (pairs[src], pairs[tgt]) in set(zip(sources, targets))
 
 
+def _quickstart_plan_is_printed(block):
+    """The plan sample is what own_corpus_plan prints for the counts the sample states."""
+    from examples.quickstart import quickstart
+
+    plan = block.strip().splitlines()[0]
+    pairs, tokens, merges = re.match(
+        r"plan: (\d+) training pairs, (\d+) batch tokens per pass; (\d+) BPE", plan
+    ).groups()
+    cap = re.search(r"at most (\d+) updates", plan).group(1)
+    n_test = re.search(r"translating (\d+) test sentences", block).group(1)
+    threads = re.search(r"fairseq-train at (\d+) thread", block).group(1)
+    size = dict(quickstart.OWN_CORPUS, bpe_merges=int(merges), max_update=int(cap))
+    counts = {"train": int(pairs), "test": int(n_test)}
+    assert int(cap) == quickstart.own_corpus_max_update(int(tokens)), "the sample's cap is not the rule's"
+    printed = quickstart.own_corpus_plan(size, counts, int(tokens), quickstart.MODELS, False, threads=int(threads))
+    assert block.strip().splitlines() == printed
+
+
 # (file, the block's first line) -> how it is checked.
 DOC_BLOCKS = {
     ("README.md", "make demo   # set up .venv, then train softmax / 1.5-entmax / alpha-entmax / top-k models on a built-in toy corpus and print their table"): PARSE,
@@ -106,10 +124,8 @@ DOC_BLOCKS = {
     ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en"): PARSE,
-    ("docs/recipes.md", "plan: 16000 training pairs, 434307 batch tokens per pass; 8000 BPE merges; at most 6400 updates of 2048 tokens per model, 30.2 passes over the training data (30 passes rounded up to the hundred, 1500 to 8000); each model stops earlier once its validation accuracy has not improved for 3 epochs and is evaluated with its best checkpoint; 3+3 layers of width 128"): _source_has(
-        "examples/quickstart/quickstart.py", "plan: ", "batch tokens per pass", "estimate: at most about"
-    ),
-    ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en --models alpha_entmax --threads 1"): PARSE,
+    ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.convergence --data TED --src de --tgt en \\"): PARSE,
+    ("docs/recipes.md", "plan: 16000 training pairs, 434307 batch tokens per pass; 8000 BPE merges; at most 9200 updates of 2048 tokens per model, 43.4 passes over the training data (1.5 x the 28.7 passes the slowest measured model took to stop, 1500 to 12000); each model stops earlier once its validation accuracy has not improved for 3 epochs and is evaluated with its best checkpoint; 3+3 layers of width 128"): _quickstart_plan_is_printed,
     ("docs/recipes.md", "svo: le vebezo fe sosota un nefaris rive le dudu"): _toy_pair_is_in_the_corpus,
     ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe TASK [--dry-run [--num-gpus N]] [--smoke] [--raw-dir DIR]"): SYNOPSIS,
     ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe iwslt14 [--models softmax topk sparsemax entmax15] [--seed 1 2 3]"): SYNOPSIS,
