@@ -5,33 +5,33 @@ for its batches with one line; benchmarks.training refuses a work folder that ho
 earlier run before it writes anything."""
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TED = ROOT.parent / "shared" / "data" / "iwslt16_de_en_sample"
 
 
 def benchmark(module, *arguments):
-    return subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", *map(str, arguments)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    return run([sys.executable, "-m", f"benchmarks.{module}", *arguments], check=False, cwd=ROOT)
+
+
+def in_model(model, *arguments):
+    """normalizers_in_model on a tiny trained model against HEAD, one round of short batches."""
+    return benchmark(
+        "normalizers_in_model", model.data_bin, "--path", model.checkpoint, "--against", "HEAD",
+        "--max-tokens", 256, "--gen-len", 4, "--rounds", 1, *arguments,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
 def test_normalizers_in_model_compares_a_commit_on_the_same_batches(trained_model):
     alpha = trained_model("alpha_entmax")
-    proc = benchmark(
-        "normalizers_in_model", alpha.data_bin, "--path", alpha.checkpoint, "--against", "HEAD",
-        "--train-batches", 2, "--max-tokens", 256, "--gen-batches", 1, "--gen-len", 4, "--rounds", 1,
-    )  # fmt: skip
+    proc = in_model(alpha, "--train-batches", 2, "--gen-batches", 1)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "normalizers: ['alpha_entmax']" in proc.stdout
     # One line per kind of step, each with the total ratio and the median of per-batch ratios.
@@ -43,10 +43,7 @@ def test_normalizers_in_model_compares_a_commit_on_the_same_batches(trained_mode
 @pytest.mark.slow
 def test_normalizers_in_model_refuses_more_test_batches_than_the_test_set_makes(trained_model):
     alpha = trained_model("alpha_entmax")
-    proc = benchmark(
-        "normalizers_in_model", alpha.data_bin, "--path", alpha.checkpoint, "--against", "HEAD",
-        "--train-batches", 1, "--max-tokens", 256, "--gen-batches", 50, "--gen-len", 4, "--rounds", 1,
-    )  # fmt: skip
+    proc = in_model(alpha, "--train-batches", 1, "--gen-batches", 50)
     assert proc.returncode == 1
     # The tiny test set: 40 sentences, 3 batches of 16, of which the first is not timed.
     assert proc.stderr.strip().splitlines()[-1] == (

@@ -2,11 +2,12 @@
 the normalizers it ran, fairseq-generate's wall time, the part spent in the normalizers and
 the mean time of a call per attention type; and a missing checkpoint refused before any run."""
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,13 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def breakdown(*arguments):
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.generation_breakdown", *map(str, arguments)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
+    return run([sys.executable, "-m", "benchmarks.generation_breakdown", *arguments], check=False, cwd=ROOT)
 
 
 def test_each_checkpoint_gets_a_row_with_its_normalizer_time(trained_model):
