@@ -102,14 +102,14 @@ def write_subset(files, n_pairs, into):
                 target.write_text(text, encoding="utf-8")
 
 
-def run_quickstart(args, n_pairs):
-    """The quickstart on the first n_pairs training pairs, its progress shown as it comes.
+def run_quickstart(args, files, n_pairs):
+    """The quickstart on the first n_pairs training pairs of the corpus `files`, its progress
+    shown as it comes.
 
     Returns:
         The quickstart's work folder.
     """
     folder = args.work_dir / f"{n_pairs}-pairs"
-    files = {split: (args.data / f"{split}.{args.src}", args.data / f"{split}.{args.tgt}") for split in SPLITS}
     write_subset(files, n_pairs, folder / "data")
     work = folder / "quickstart"
     command = [
@@ -123,7 +123,7 @@ def run_quickstart(args, n_pairs):
     return work
 
 
-def measure(args):
+def measure(args, files):
     """Every size through the quickstart, then one row per size and model.
 
     Returns:
@@ -131,7 +131,7 @@ def measure(args):
     """
     rows = []
     for n_pairs in args.sizes:
-        work = run_quickstart(args, n_pairs)
+        work = run_quickstart(args, files, n_pairs)
         batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
         max_tokens = (SIZES["tiny"] if args.tiny else OWN_CORPUS)["max_tokens"]
         results = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
@@ -202,7 +202,7 @@ def run(args):
     if max(args.sizes) > available:
         raise PipelineError(f"--sizes {max(args.sizes)}: {args.data} has {available} training pairs")
     args.work_dir = args.work_dir.resolve()
-    rows = measure(args)
+    rows = measure(args, files)
     # Rows of earlier runs for other sizes or models stay: one table for every measurement.
     record = args.work_dir / "convergence.json"
     measured = {(row["pairs"], row["model"]) for row in rows}
