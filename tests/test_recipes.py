@@ -392,6 +392,33 @@ def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch)
     assert len(calls) == 2 and other["softmax"]["density"]["cross"] == pytest.approx(0.2)
 
 
+def test_threads_reach_fairseq_generate_and_the_analysis(tmp_path, monkeypatch):
+    """--threads limits translation and analysis as it does training: at torch's default they
+    would compete for the cores of a machine the user shares (docs/recipes.md measures it)."""
+    envs = []
+
+    def run_logged(args, log_path, env=None, **kwargs):
+        envs.append(env)
+        if "--results-path" in args:
+            (Path(args[args.index("--results-path") + 1]) / "generate-test.txt").write_text("H-0\t-0.1\tyes\n")
+        else:
+            out = Path(args[args.index("--output-dir") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "analysis.json").write_text(json.dumps({"models": []}))
+
+    monkeypatch.setattr(evaluation, "run_logged", run_logged)
+    monkeypatch.setattr(attention_analysis, "run_logged", run_logged)
+    checkpoint = tmp_path / "checkpoint_best.pt"
+    checkpoint.write_bytes(b"a model")
+    for threads, out in ((1, "one"), (None, "default")):
+        evaluation.generate("data-bin", checkpoint, "test", tmp_path / out, threads=threads)
+        attention_analysis.analyze(
+            "data-bin", {}, "test", tmp_path / out / "analysis", tmp_path / "a.log", threads=threads
+        )
+    one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    assert envs == [one, one, None, None]
+
+
 def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
     """An interrupt can leave the dictionaries in the destination, which fairseq-preprocess
     then refuses to overwrite."""

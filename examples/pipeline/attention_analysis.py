@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .markers import done_with_same_settings, fingerprint, mark_done
-from .tools import BIN_DIR, log, run_logged, user_dir
+from .tools import BIN_DIR, log, run_logged, threads_env, user_dir
 
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
 SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
@@ -51,7 +51,7 @@ def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
     return [str(a) for a in args]
 
 
-def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None):
+def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None, threads=None):
     """Run fairseq-entmax-analyze over the checkpoints (skipped when done with exactly these,
     unchanged), its figures and tables written to out_dir.
 
@@ -62,6 +62,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         out_dir: where the analysis is written.
         log_path: the command's log, appended to.
         num_sentences: analyze only that many sentences (None: all).
+        threads: CPU threads of fairseq-entmax-analyze (None: torch's choice).
 
     Returns:
         {label: {"density": {type: mean fraction}, "alpha": {type: (mean, min, max)}, "js":
@@ -89,7 +90,8 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
         report.unlink(missing_ok=True)
     if not report.exists():
         log(f"analyzing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
-        run_logged(analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences), log_path)
+        args = analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences)
+        run_logged(args, log_path, env=threads_env(threads))
         mark_done(marker, settings=made_with)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
     summary = {}

@@ -8,7 +8,7 @@ from .checkpoints import select_checkpoint
 from .corpus import read_lines
 from .markers import done_with_same_settings, fingerprint, is_done, mark_done
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
-from .tools import ToolError, log, run_logged, tool, use_cpu, user_dir
+from .tools import ToolError, log, run_logged, threads_env, tool, use_cpu, user_dir
 from .training import train
 
 
@@ -39,7 +39,7 @@ class Model:
         variant: the attention variant (training.VARIANTS).
         seed: the training seed.
         label: its name in progress lines (default: "<variant>-seed<seed>").
-        threads: CPU threads of fairseq-train (None: torch's choice).
+        threads: CPU threads of its fairseq-train and fairseq-generate (None: torch's choice).
     """
 
     variant: str
@@ -123,7 +123,7 @@ def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, 
     return [str(a) for a in args]
 
 
-def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, label=""):
+def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, label="", threads=None):
     """Translate a subset with fairseq-generate (skipped when done with the same checkpoint
     and settings).
 
@@ -134,6 +134,7 @@ def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, l
         out_dir: where the translations and the log are written.
         decoding: the Decoding.
         label: the model's name in progress lines.
+        threads: CPU threads of fairseq-generate (None: torch's choice).
 
     Returns:
         The hypotheses (BPE removed, still tokenised), a list in corpus order.
@@ -152,7 +153,7 @@ def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, l
     log(f"{label}: translating {subset} (beam {beam})")
     out_dir.mkdir(parents=True, exist_ok=True)
     args = generate_command(data_bin, checkpoint, subset, out_dir, beam, lenpen, max_len, cpu=use_cpu())
-    run_logged(args, out_dir / "generate.log")
+    run_logged(args, out_dir / "generate.log", env=threads_env(threads))
     hypotheses = {}
     for line in read_lines(out_dir / f"generate-{subset}.txt"):
         if line.startswith("H-"):
@@ -237,7 +238,7 @@ def train_and_evaluate(
     seconds = train(data_bin, save_dir, model.variant, settings, seed=model.seed, label=label, threads=model.threads)
     checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
     eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
-    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, decoding, label=label)
+    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, decoding, label=label, threads=model.threads)
     scores = score(
         hypotheses,
         references.tok,

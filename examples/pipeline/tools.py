@@ -97,6 +97,18 @@ def use_cpu():
     return not torch.cuda.is_available()
 
 
+def threads_env(threads):
+    """The environment that gives a fairseq command `threads` CPU threads (OpenMP and MKL).
+
+    Args:
+        threads: the threads, or None for torch's choice.
+
+    Returns:
+        The variables for run_logged's env, or None.
+    """
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
+
+
 @dataclass
 class Finished:
     """A command that ran to its end.

@@ -11,7 +11,7 @@ from pathlib import Path
 from fairseq_entmax.names import NORMALIZER_NAMES as VARIANTS
 
 from .markers import done_with, is_done, mark_done, read_done
-from .tools import PipelineError, log, run_logged, tool, use_cpu, user_dir
+from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu, user_dir
 
 # fairseq's Transformer size options, each given once for the encoder and once for the decoder.
 MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
@@ -304,7 +304,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     else:
         log(f"{label}: training ({training_length(settings)})")
     args = train_command(data_bin, save_dir, variant, settings, seed, cpu=use_cpu())
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
+    env = threads_env(threads)
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()
     progress = _progress_line(label, settings)

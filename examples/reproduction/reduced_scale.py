@@ -316,6 +316,7 @@ def run(args):
         work / "analysis",
         work / "analysis.log",
         num_sentences=budget["analysis_sentences"],
+        threads=args.threads,
     )
     for name, row in names.items():
         row.update((analysis or {}).get(name, {}))
