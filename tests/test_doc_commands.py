@@ -89,12 +89,14 @@ def _quickstart_plan_is_printed(block):
         r"plan: (\d+) training pairs, (\d+) batch tokens per pass; (\d+) BPE", plan
     ).groups()
     cap = re.search(r"at most (\d+) updates", plan).group(1)
-    n_test = re.search(r"translating (\d+) test sentences", block).group(1)
+    n_test, test_tokens = re.search(r"translating (\d+) test sentences \((\d+) BPE tokens\)", block).groups()
     threads = re.search(r"fairseq-train at (\d+) thread", block).group(1)
     size = dict(quickstart.OWN_CORPUS, bpe_merges=int(merges), max_update=int(cap))
     counts = {"train": int(pairs), "test": int(n_test)}
     assert int(cap) == quickstart.own_corpus_max_update(int(tokens)), "the sample's cap is not the rule's"
-    printed = quickstart.own_corpus_plan(size, counts, int(tokens), quickstart.MODELS, False, threads=int(threads))
+    printed = quickstart.own_corpus_plan(
+        size, counts, int(tokens), int(test_tokens), quickstart.MODELS, False, threads=int(threads)
+    )
     assert block.strip().splitlines() == printed
 
 
@@ -125,7 +127,7 @@ DOC_BLOCKS = {
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.convergence --data TED --src de --tgt en \\"): PARSE,
-    ("docs/recipes.md", "plan: 16000 training pairs, 434307 batch tokens per pass; 8000 BPE merges; at most 9200 updates of 2048 tokens per model, 43.4 passes over the training data (1.5 x the 28.7 passes the slowest measured model took to stop, 1500 to 12000); each model stops earlier once its validation accuracy has not improved for 3 epochs and is evaluated with its best checkpoint; 3+3 layers of width 128"): _quickstart_plan_is_printed,
+    ("docs/recipes.md", "plan: 16000 training pairs, 434307 batch tokens per pass; 8000 BPE merges; at most 12000 updates of 2048 tokens per model, 56.6 passes over the training data (1.5 x the 37.7 passes the slowest measured model took to stop, 1500 to 12000); each model stops earlier once its validation accuracy has not improved for 3 epochs and is evaluated with its best checkpoint; 3+3 layers of width 128"): _quickstart_plan_is_printed,
     ("docs/recipes.md", "svo: le vebezo fe sosota un nefaris rive le dudu"): _toy_pair_is_in_the_corpus,
     ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe TASK [--dry-run [--num-gpus N]] [--smoke] [--raw-dir DIR]"): SYNOPSIS,
     ("docs/recipes.md", ".venv/bin/python -m examples.translation.recipe iwslt14 [--models softmax topk sparsemax entmax15] [--seed 1 2 3]"): SYNOPSIS,

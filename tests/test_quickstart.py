@@ -250,7 +250,11 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(t
     assert "for 1 model(s), each training to the cap of 40 updates" in estimate
     # The suite's commands run with OMP_NUM_THREADS=1, which fairseq-train inherits: the
     # estimate follows the threads torch gives it.
-    assert "translating 20 test sentences" in estimate and "fairseq-train at 1 thread(s)" in estimate
+    assert "fairseq-train at 1 thread(s)" in estimate
+    # The translation's part follows the test set's BPE tokens, both sides, as segmented.
+    bpe = work / "bpe"
+    test_tokens = sum(len((bpe / f"test.{lang}").read_text(encoding="utf-8").split()) for lang in ("src", "tgt"))
+    assert f"translating 20 test sentences ({test_tokens} BPE tokens)" in estimate
     # A cap below the passes the slowest measured model needed: said before training starts.
     warning = next(line for line in output.splitlines() if "] warning: the cap of 40 updates is below" in line)
     assert "--max-update" in warning

@@ -8,11 +8,13 @@ import pytest
 
 from examples.quickstart import quickstart
 from examples.quickstart.quickstart import (
+    CAP_MARGIN,
     OWN_CORPUS,
     PASSES_TO_STOP,
     PATIENCE,
     SIZES,
     convergence_note,
+    count_test_tokens,
     count_training_tokens,
     estimated_seconds,
     expected_updates,
@@ -47,13 +49,15 @@ def test_bpe_merges_are_one_per_two_training_pairs_from_1000_to_8000(pairs, merg
 @pytest.mark.parametrize(
     "tokens,updates",
     [
-        # The first 16,000 pairs of the IWSLT16 TED sample after Moses and 8000 merges
-        # (docs/recipes.md): 1.5 x 28.7 passes x 434,307 / 2048 = 9,129.4 batches, rounded up to the hundred.
-        (434_307, 9200),
+        # Multi30k's first 11,422 pairs after Moses and 6000 merges (docs/recipes.md):
+        # 1.5 x 37.7 passes x 187,457 / 2048 = 5,176.1 batches, rounded up to the hundred.
+        (187_457, 5200),
+        # The first 16,000 pairs of the IWSLT16 TED sample, 8000 merges: 11,992.2, just under the bound.
+        (434_307, 12000),
         (20_000, 1500),  # a small corpus is capped at 1500 updates (the patience stops it sooner)
         (10_000_000, 12000),  # a large one at 12000 (raise --max-update for more)
-        (285_435, 6000),  # 1.5 x 28.7 x 285,435 / 2048 = 5999.99: 6000
-        (285_436, 6100),  # 6000.01: rounded up
+        (217_294, 6000),  # 1.5 x 37.7 x 217,294 / 2048 = 5999.99: 6000
+        (217_295, 6100),  # 6000.02: rounded up
     ],
 )
 def test_the_cap_is_one_and_a_half_times_the_slowest_measured_stop_from_1500_to_12000(tokens, updates):
@@ -63,16 +67,28 @@ def test_the_cap_is_one_and_a_half_times_the_slowest_measured_stop_from_1500_to_
 
 def test_the_cap_leaves_every_measured_model_room_to_stop_on_the_patience():
     """The convergence measurements (docs/recipes.md) as the rule reads them: the cap sized for
-    each measured corpus is above the update at which the patience stopped each model there."""
+    each measured corpus is above the update at which the patience stopped each model there,
+    by the margin the rule promises, and the typical stop is their mean."""
     measured = {  # batch tokens per pass: updates at the patience's stop
-        161_195: [2247],  # TED, 5,000 pairs: softmax
+        78_522: [1296],  # TED, 2,000 pairs: softmax
+        104_323: [1533],  # TED, 3,000 pairs
+        161_195: [2247],  # TED, 5,000 pairs
         293_059: [4026],  # TED, 10,000 pairs
         538_754: [7536],  # TED, 19,689 pairs
+        46_676: [690],  # Multi30k, 2,000 pairs: softmax
+        60_355: [740],  # Multi30k, 3,000 pairs
+        # Multi30k, 5,000 pairs: softmax at one thread; softmax, 1.5-entmax, alpha-entmax and
+        # top-k at two
+        92_538: [1485, 1705, 1210, 1540, 1540],
         187_457: [2550, 2448],  # Multi30k, 11,422 pairs: softmax, alpha-entmax
     }
+    passes = []
     for tokens, stops in measured.items():
-        assert all(stop < own_corpus_max_update(tokens) for stop in stops)
+        assert all(stop * CAP_MARGIN <= own_corpus_max_update(tokens) for stop in stops)
         assert all(stop <= expected_updates(tokens, passes=PASSES_TO_STOP["most"]) for stop in stops)
+        passes += [stop * OWN_CORPUS["max_tokens"] / tokens for stop in stops]
+    assert max(passes) == pytest.approx(PASSES_TO_STOP["most"], abs=0.05)
+    assert sum(passes) / len(passes) == pytest.approx(PASSES_TO_STOP["typical"], abs=0.05)
 
 
 def test_training_tokens_are_the_longer_side_plus_end_of_sentence(tmp_path):
@@ -81,15 +97,23 @@ def test_training_tokens_are_the_longer_side_plus_end_of_sentence(tmp_path):
     assert count_training_tokens(tmp_path, "de", "en") == (4 + 1) + (3 + 1)
 
 
+def test_test_tokens_are_both_sides_of_the_test_set(tmp_path):
+    (tmp_path / "test.de").write_text("ein kleines Haus\nja\n", encoding="utf-8")
+    (tmp_path / "test.en").write_text("a small house .\nyes , sure\n", encoding="utf-8")
+    assert count_test_tokens(tmp_path, "de", "en") == (3 + 1) + (4 + 3)
+
+
 @pytest.fixture
 def round_rates(monkeypatch):
     """Round figures in place of the measured ones, so that the arithmetic below can be checked
     by hand: 20 passes typical, 30 the most, 0.5 s per update at 8,000 merges and one thread,
-    half that at 1,000 merges, 0.1 s per test sentence."""
+    half that at 1,000 merges, and per model 0.5 s to start translating plus 5 ms per test token
+    (26,000 tokens: 130.5 s)."""
     monkeypatch.setattr(quickstart, "PASSES_TO_STOP", {"typical": 20, "most": 30})
     monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(quickstart.MODELS, 0.5))
     monkeypatch.setattr(quickstart, "SMALL_VOCABULARY_FACTOR", 0.5)
-    monkeypatch.setattr(quickstart, "SECONDS_PER_TEST_SENTENCE", 0.1)
+    monkeypatch.setattr(quickstart, "EVALUATION_START_SECONDS", 0.5)
+    monkeypatch.setattr(quickstart, "SECONDS_PER_TEST_TOKEN", 0.005)
 
 
 def test_the_rate_follows_the_vocabulary_and_the_threads(round_rates):
@@ -98,8 +122,10 @@ def test_the_rate_follows_the_vocabulary_and_the_threads(round_rates):
     assert seconds_per_update("softmax", 4500, 1) == pytest.approx(0.375)  # halfway: linear
     assert seconds_per_update("softmax", 8000, 2) == pytest.approx(0.5 / 1.70)
     assert seconds_per_update("softmax", 8000, 16) == pytest.approx(0.5 / 1.70)  # beyond two: two's
-    # 4 x (6400 x 0.5 + 1305 x 0.1) = 13,322 s
-    assert estimated_seconds(6400, quickstart.MODELS, 1305, 8000, 1) == pytest.approx(13322.0)
+    # 4 x (6400 x 0.5 + 0.5 + 26,000 x 0.005) = 13,322 s
+    assert estimated_seconds(6400, quickstart.MODELS, 26_000, 8000, 1) == pytest.approx(13322.0)
+    # The test set's length, not its sentences: half the tokens, 4 x 65 s less.
+    assert estimated_seconds(6400, quickstart.MODELS, 13_000, 8000, 1) == pytest.approx(13322.0 - 4 * 65)
 
 
 def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_rates):
@@ -108,7 +134,7 @@ def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_ra
     assert own_corpus_max_update(434_307) == 9600 and expected_updates(434_307) == 4300
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=9600)
     counts = {"train": 16_000, "test": 1305}
-    plan = own_corpus_plan(size, counts, 434_307, quickstart.MODELS, max_update_given=False, threads=1)
+    plan = own_corpus_plan(size, counts, 434_307, 26_000, quickstart.MODELS, max_update_given=False, threads=1)
     assert len(plan) == 2, "a cap of the rule's own is no reason for a warning"
     assert "8000 BPE merges" in plan[0] and "at most 9600 updates of 2048 tokens per model" in plan[0]
     assert "45.3 passes over the training data (1.5 x the 30 passes the slowest measured model" in plan[0]
@@ -116,12 +142,13 @@ def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_ra
     # 4 x (4,300 x 0.5 + 130.5) = 9,122 s; at the cap 4 x (9,600 x 0.5 + 130.5) = 19,722 s.
     assert plan[1].startswith("estimate: about 152m02s for 4 model(s) if each stops near 4300 updates (20 passes")
     assert "at most 328m42s at the cap" in plan[1] and "fairseq-train at 1 thread(s)" in plan[1]
+    assert "translating 1305 test sentences (26000 BPE tokens)" in plan[1]
 
 
 def test_a_cap_below_the_slowest_measured_stop_is_warned_of(round_rates):
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=50)
     counts = {"train": 16_000, "test": 1305}
-    given = own_corpus_plan(size, counts, 434_307, ["softmax"], max_update_given=True, threads=2)
+    given = own_corpus_plan(size, counts, 434_307, 26_000, ["softmax"], max_update_given=True, threads=2)
     assert "at most 50 updates of 2048 tokens per model, 0.2 passes over the training data (--max-update)" in given[0]
     # 50 x 0.5 / 1.70 + 130.5 = 145.2 s at two threads.
     assert given[1].startswith("estimate: about 2m25s for 1 model(s), each training to the cap of 50 updates")
@@ -133,7 +160,7 @@ def test_a_cap_below_the_slowest_measured_stop_is_warned_of(round_rates):
         "before the patience stopped it: models may stop at the cap, unconverged, which the table will say; "
         "--max-update 9600 gives them room, at most 49m14s"
     )
-    zero = own_corpus_plan(size, counts, 434_307, ["softmax"], max_update_given=True, patience=0, threads=2)
+    zero = own_corpus_plan(size, counts, 434_307, 26_000, ["softmax"], max_update_given=True, patience=0, threads=2)
     assert "every model trains to the cap (--patience 0)" in zero[0]
     assert len(zero) == 2, "without a patience every model trains to the cap: nothing to warn of"
 
@@ -154,7 +181,7 @@ def test_measured_rates_are_filled_in_and_the_demo_sizes_are_unchanged():
     whose table the docs record."""
     assert set(quickstart.SECONDS_PER_UPDATE) == set(quickstart.MODELS)
     assert all(rate > 0 for rate in quickstart.SECONDS_PER_UPDATE.values())
-    assert quickstart.SECONDS_PER_TEST_SENTENCE > 0
+    assert quickstart.EVALUATION_START_SECONDS > 0 and quickstart.SECONDS_PER_TEST_TOKEN > 0
     assert SIZES["demo"]["bpe_merges"] == 300 and SIZES["demo"]["max_update"] == 200
     assert PATIENCE == 3  # the reproduction's patience
 

@@ -84,11 +84,11 @@ MERGES_PER_TRAINING_PAIR, MERGES_RANGE = 0.5, (1000, 8000)
 # training, where softmax leads and the sparse ones catch up later (docs/reproduction.md).
 PATIENCE = 3
 # Where the patience stopped the quickstart's models, measured on TED and Multi30k corpora of
-# 5,000 to 19,689 pairs (examples.quickstart.convergence; docs/recipes.md, "How long a corpus
+# 2,000 to 19,689 pairs (examples.quickstart.convergence; docs/recipes.md, "How long a corpus
 # takes to converge"), in passes over the training data: the estimate assumes the mean, and
 # the cap gives CAP_MARGIN times the most any model took, so that a corpus like those
 # converges before it, while a corpus too large to converge still stops in bounded time.
-PASSES_TO_STOP = {"typical": 28.0, "most": 28.7}
+PASSES_TO_STOP = {"typical": 30.3, "most": 37.7}
 CAP_MARGIN, UPDATES_RANGE = 1.5, (1500, 12000)
 # The variants the quickstart trains and compares (examples.pipeline.training has sparsemax too).
 MODELS = ("softmax", "entmax15", "alpha_entmax", "topk")
@@ -96,12 +96,13 @@ MODELS = ("softmax", "entmax15", "alpha_entmax", "topk")
 # on a 2-core Intel Xeon: seconds per update of fairseq-train of this model at one thread,
 # validation and checkpoints at each epoch's end included, with 8,000 BPE merges; the factor
 # a vocabulary of 1,000 merges gives (the output layer's share, interpolated linearly between);
-# the speed-up of two threads (beyond two, not measured: the estimate keeps two's); and per test
-# sentence and model, fairseq-generate (beam 5) plus fairseq-entmax-analyze at torch's threads.
+# the speed-up of two threads (beyond two, not measured: the estimate keeps two's); and per model,
+# fairseq-generate (beam 5) plus fairseq-entmax-analyze at torch's threads: a start-up and a rate
+# per BPE token of the test set, source and target, which follows the length of its sentences.
 SECONDS_PER_UPDATE = {"softmax": 0.63, "entmax15": 0.70, "alpha_entmax": 0.76, "topk": 0.70}
 SMALL_VOCABULARY_FACTOR = 0.57
 THREAD_SPEEDUP = {1: 1.0, 2: 1.70}
-SECONDS_PER_TEST_SENTENCE = 0.30
+EVALUATION_START_SECONDS, SECONDS_PER_TEST_TOKEN = 6.0, 0.00038
 
 
 def own_corpus_bpe_merges(n_training_pairs):
@@ -183,22 +184,36 @@ def count_training_tokens(bpe_dir, src, tgt):
     return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
 
 
-def estimated_seconds(updates, models, n_test, bpe_merges, threads):
+def count_test_tokens(bpe_dir, src, tgt):
+    """What translating and analyzing the test set costs: its BPE tokens, source and target.
+
+    Args:
+        bpe_dir: the folder of the BPE-segmented text (test.SRC, test.TGT).
+        src: the source language suffix.
+        tgt: the target language suffix.
+
+    Returns:
+        The number of tokens of both sides together.
+    """
+    return sum(len(line.split()) for lang in (src, tgt) for line in read_lines(Path(bpe_dir) / f"test.{lang}"))
+
+
+def estimated_seconds(updates, models, test_tokens, bpe_merges, threads):
     """The time training, translation and analysis take, at the measured rates above.
 
     Args:
         updates: training updates per model.
         models: the attention variants (keys of SECONDS_PER_UPDATE).
-        n_test: test sentences, translated and analyzed once per model.
+        test_tokens: the test set's BPE tokens (count_test_tokens), translated and analyzed
+            once per model.
         bpe_merges: the BPE merges.
         threads: fairseq-train's threads.
 
     Returns:
         The estimate in seconds, for all models together.
     """
-    return sum(
-        updates * seconds_per_update(m, bpe_merges, threads) + n_test * SECONDS_PER_TEST_SENTENCE for m in models
-    )
+    evaluation = EVALUATION_START_SECONDS + test_tokens * SECONDS_PER_TEST_TOKEN
+    return sum(updates * seconds_per_update(m, bpe_merges, threads) + evaluation for m in models)
 
 
 def training_threads(threads):
@@ -210,7 +225,7 @@ def training_threads(threads):
     return torch.get_num_threads()
 
 
-def own_corpus_plan(size, counts, training_tokens, models, max_update_given, patience=PATIENCE, threads=1):
+def own_corpus_plan(size, counts, training_tokens, test_tokens, models, max_update_given, patience=PATIENCE, threads=1):
     """The lines printed before training on a user's corpus: sizes, the time they take, and a
     warning when the cap is likely to stop the models before they converge.
 
@@ -218,6 +233,7 @@ def own_corpus_plan(size, counts, training_tokens, models, max_update_given, pat
         size: the run's sizes (OWN_CORPUS with bpe_merges and max_update, the cap, filled in).
         counts: {split: number of pairs} of the corpus.
         training_tokens: what a pass over the training data costs (count_training_tokens).
+        test_tokens: the test set's BPE tokens (count_test_tokens).
         models: the attention variants to train.
         max_update_given: whether --max-update set the cap (the plan says so).
         patience: the epochs without a better validation accuracy that stop a model (0: none).
@@ -247,7 +263,7 @@ def own_corpus_plan(size, counts, training_tokens, models, max_update_given, pat
     ]
 
     def total(updates):
-        return format_seconds(estimated_seconds(updates, models, counts["test"], merges, threads))
+        return format_seconds(estimated_seconds(updates, models, test_tokens, merges, threads))
 
     typical = expected_updates(training_tokens, max_tokens)
     stops = (
@@ -258,9 +274,9 @@ def own_corpus_plan(size, counts, training_tokens, models, max_update_given, pat
         else f"about {total(cap)} for {len(models)} model(s), each training to the cap of {cap} updates"
     )
     lines.append(
-        f"estimate: {stops}; training, translating {counts['test']} test sentences and analysis, fairseq-train at "
-        f"{threads} thread(s) (--threads), at the rates measured on a 2-core Intel Xeon (docs/recipes.md); each "
-        "model's own rate is logged once it is trained"
+        f"estimate: {stops}; training, translating {counts['test']} test sentences ({test_tokens} BPE tokens) "
+        f"and analysis, fairseq-train at {threads} thread(s) (--threads), at the rates measured on a 2-core "
+        "Intel Xeon (docs/recipes.md); each model's own rate is logged once it is trained"
     )
     slowest = expected_updates(training_tokens, max_tokens, PASSES_TO_STOP["most"])
     if patience and cap < slowest:
@@ -488,9 +504,10 @@ def run(args):
         training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
         size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
+        test_tokens = count_test_tokens(work / "bpe", src, tgt)
         threads = training_threads(args.threads)
         for line in own_corpus_plan(
-            size, counts, training_tokens, args.models, bool(args.max_update), patience, threads
+            size, counts, training_tokens, test_tokens, args.models, bool(args.max_update), patience, threads
         ):
             log(line)
 
@@ -525,7 +542,7 @@ def run(args):
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
-    analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log")
+    analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log", threads=args.threads)
     for row in rows:
         row.update((analysis or {}).get(row["model"], {}))
     write_results(args, work, rows, (raw_dir, src, tgt, counts), size["max_update"], patience)
