@@ -97,8 +97,9 @@ MODELS = ("softmax", "entmax15", "alpha_entmax", "topk")
 # validation and checkpoints at each epoch's end included, with 8,000 BPE merges; the factor
 # a vocabulary of 1,000 merges gives (the output layer's share, interpolated linearly between);
 # the speed-up of two threads (beyond two, not measured: the estimate keeps two's); and per model,
-# fairseq-generate (beam 5) plus fairseq-entmax-analyze at torch's threads: a start-up and a rate
-# per BPE token of the test set, source and target, which follows the length of its sentences.
+# fairseq-generate (beam 5) plus fairseq-entmax-analyze at two threads, alone on the machine: a
+# start-up and a rate per BPE token of the test set, source and target, which follows the length
+# of its sentences.
 SECONDS_PER_UPDATE = {"softmax": 0.63, "entmax15": 0.70, "alpha_entmax": 0.76, "topk": 0.70}
 SMALL_VOCABULARY_FACTOR = 0.57
 THREAD_SPEEDUP = {1: 1.0, 2: 1.70}
