@@ -14,7 +14,7 @@ from fairseq import checkpoint_utils, options, tasks
 
 from conftest import TINY_MODEL_ARGS
 from fairseq_entmax.models import sparse_attention_modules
-from fairseq_entmax.modules import SparseMultiheadAttention
+from fairseq_entmax.modules import SparseMultiheadAttention, sparse_multihead_attention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 from helpers import USER_DIR
 
@@ -98,23 +98,44 @@ def test_batch(task, split="test", max_sentences=8):
 test_batch.__test__ = False  # a helper, not a test
 
 
-def record_normalizer_calls(model):
-    """Hook every attention's normalizer module to keep its (scores, probabilities); the
-    hooks stay on the model, which each test loads for itself.
+def record_normalizer_calls(model, monkeypatch):
+    """Keep the (scores, probabilities) of every attention's normalizer: hooks on the normalizer
+    modules (calls that return weights, e.g. the decoder's in generation) and a wrapper around
+    the blocked attention (calls that need none, e.g. the encoder's), which records the scores
+    and their map by the normalizer it was given, then runs. The hooks stay on the model, which
+    each test loads for itself.
 
     Args:
         model: a model of this package.
+        monkeypatch: pytest's, to wrap the blocked attention for the test.
 
     Returns:
         {(attention type, layer): [(scores, probabilities), ...]}, filled as the model runs.
     """
     calls = {}
+    by_normalizer = {}
     for attention_type, layer, attention in sparse_attention_modules(model):
+        by_normalizer[id(attention.normalizer)] = (attention_type, layer)
 
         def record(module, inputs, probabilities, key=(attention_type, layer)):
             calls.setdefault(key, []).append((inputs[0].detach(), probabilities.detach()))
 
         attention.normalizer.register_forward_hook(record)
+    blocked = sparse_multihead_attention.scaled_dot_product_attention
+
+    def recorded_blocked(query, key, value, attn_mask=None, *, normalizer, scale, **kwargs):
+        scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        elif attn_mask is not None:
+            scores = scores + attn_mask
+        scores = scores.flatten(0, 1).float().detach()
+        with torch.no_grad():
+            probabilities = type(normalizer).forward(normalizer, scores)
+        calls.setdefault(by_normalizer[id(normalizer)], []).append((scores, probabilities))
+        return blocked(query, key, value, attn_mask, normalizer=normalizer, scale=scale, **kwargs)
+
+    monkeypatch.setattr(sparse_multihead_attention, "scaled_dot_product_attention", recorded_blocked)
     return calls
 
 
@@ -129,7 +150,7 @@ def test_generation_uses_the_normalizer_everywhere(trained_model, monkeypatch, n
         raise AssertionError("F.multi_head_attention_forward bypassed the normalizer")
 
     monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", fused_attention)
-    calls = record_normalizer_calls(model)
+    calls = record_normalizer_calls(model, monkeypatch)
     sample = test_batch(task)
     generator = task.build_generator([model], argparse.Namespace(beam=4))
     hypotheses = task.inference_step(generator, [model], sample)

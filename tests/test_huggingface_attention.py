@@ -28,8 +28,10 @@ def _padding_side(family):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_plugin_softmax_equals_eager_attention(family, padding_side):
     """The functions around the normalizer (scores, grouped-query heads, masks, T5's bias,
-    output layout) are those of transformers' eager attention: with the plugin's softmax the
-    logits and every gradient agree to 1e-6 in float32."""
+    output layout) are those of transformers' eager attention: with the plugin's softmax, which
+    trains through the blocked attention, the logits agree to 1e-6 in float32 and every gradient
+    to 1e-5 of its largest entry (the blocks sum in another order), or to 1e-8 for those that are
+    0 in exact arithmetic (a key bias's, under softmax)."""
     inputs, masks = tiny_batch(family, padding_side)
     real = real_queries(family, masks)
     results = []
@@ -44,7 +46,8 @@ def test_plugin_softmax_equals_eager_attention(family, padding_side):
     torch.testing.assert_close(plugin_logits, eager_logits, atol=1e-6, rtol=1e-6)
     assert plugin_gradients.keys() == eager_gradients.keys()
     for name, gradient in eager_gradients.items():
-        torch.testing.assert_close(plugin_gradients[name], gradient, atol=1e-6, rtol=1e-6, msg=name)
+        scale = float(gradient.abs().max())
+        torch.testing.assert_close(plugin_gradients[name], gradient, atol=max(1e-5 * scale, 1e-8), rtol=1e-5, msg=name)
 
 
 # Large initial weights: peaked scores, so that the sparse maps leave out keys the query sees too.

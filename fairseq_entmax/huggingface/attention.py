@@ -6,15 +6,17 @@ that dispatches through `AttentionInterface`:
     output, weights = fn(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)
 
 with query (batch, heads, queries, head_dim) and key, value (batch, key_value_heads, keys,
-head_dim). Each function here computes the scores as the models' eager attention does, adds
-T5's `position_bias`, masks with -inf (exact zeros for every map), normalises in float32 with a
-normalizer of fairseq_entmax.normalizers, and returns the output and the weights.
+head_dim). Each function here adds T5's `position_bias`, masks with -inf (exact zeros for every
+map) and normalises in float32 with a normalizer of fairseq_entmax.normalizers: in blocks that
+never hold the score matrix (fairseq_entmax.attention) unless the weights are asked for, which
+it then returns with the output.
 """
 
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from fairseq_entmax.attention import scaled_dot_product_attention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 
 # The attribute of an attention module that holds its normalizer (fairseq_entmax.huggingface.sparsify).
@@ -28,17 +30,16 @@ _SHARED_NORMALIZERS = {}
 def sparse_attention_mask(*args, **kwargs):
     """The mask function registered with AttentionMaskInterface for every implementation here.
 
-    transformers' boolean mask (True where a query sees a key), always built: sdpa's mask
-    function leaves the causal mask out where sdpa's own `is_causal` would apply it, which these
-    functions do not have.
+    transformers' sdpa mask: boolean (True where a query sees a key), or None where every query
+    sees every key or where, without padding, the causal mask is left to the attention's
+    `is_causal` (as sdpa does; sparse_attention_forward applies it).
 
     Args:
         *args, **kwargs: what transformers.masking_utils passes to a mask function.
 
     Returns:
-        A boolean tensor (batch, 1, queries, keys), or None where every query sees every key.
+        A boolean tensor (batch, 1, queries, keys), or None.
     """
-    kwargs["allow_is_causal_skip"] = False
     return sdpa_mask(*args, **kwargs)
 
 
@@ -85,13 +86,51 @@ def normalizer_of(module, name, num_heads):
     return _SHARED_NORMALIZERS[key]
 
 
-def _masked_scores(scores, attention_mask):
-    """The scores with masked keys at -inf: a boolean mask is True where a key is seen; a float
-    mask is additive, its minimum (transformers' "masked") or -inf marking masked keys."""
+def _additive(attention_mask):
+    """A float mask with transformers' minimum (its "masked") as -inf, which the normalizers
+    read as masked; a boolean mask as it is."""
     if attention_mask.dtype == torch.bool:
-        return scores.masked_fill(~attention_mask, float("-inf"))
-    masked = attention_mask <= torch.finfo(attention_mask.dtype).min
-    return (scores + attention_mask.masked_fill(masked, 0.0).float()).masked_fill(masked, float("-inf"))
+        return attention_mask
+    return attention_mask.masked_fill(attention_mask <= torch.finfo(attention_mask.dtype).min, float("-inf"))
+
+
+def _with_position_bias(attention_mask, position_bias):
+    """T5's position bias and the mask as one additive mask (-inf where masked)."""
+    if attention_mask is None:
+        return position_bias
+    if attention_mask.dtype == torch.bool:
+        return position_bias.masked_fill(~attention_mask, float("-inf"))
+    return position_bias + attention_mask
+
+
+def _is_causal(module, query, attention_mask, kwargs):
+    """Whether the call is causal with no mask, as transformers' sdpa attention decides it."""
+    if attention_mask is not None or query.shape[2] == 1:
+        return False
+    is_causal = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+
+
+def _materialized_attention(normalizer, module, query, key, value, mask, is_causal, dropout, scaling, softcap):
+    """The scores, the normalizer, the weights times the values: returns the output and the
+    (batch, heads, queries, keys) weights."""
+    if key.shape[1] != query.shape[1]:
+        groups = query.shape[1] // key.shape[1]
+        key = torch.repeat_interleave(key, groups, dim=1)
+        value = torch.repeat_interleave(value, groups, dim=1)
+    # As the models' eager attention computes them; normalised in float32, as the fairseq layer does.
+    scores = (torch.matmul(query, key.transpose(2, 3)) * scaling).float()
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+    if is_causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    batch, heads, queries, keys = scores.shape
+    weights = normalizer(scores.reshape(batch * heads, queries, keys)).view(batch, heads, queries, keys)
+    weights = torch.nn.functional.dropout(weights.to(value.dtype), p=dropout, training=module.training)
+    return torch.matmul(weights, value), weights
 
 
 def sparse_attention_forward(
@@ -99,56 +138,81 @@ def sparse_attention_forward(
 ):
     """Attention with the normalizer `name` in place of the softmax.
 
+    Unless the weights are asked for (`output_attentions=True`), or the call has one query (a
+    generation step, where the score matrix is one row per head) or Gemma's soft-cap, it runs
+    fairseq_entmax.attention.scaled_dot_product_attention, which never holds the score matrix;
+    otherwise the scores, the normalizer and the weights are materialized, as eager attention does.
+
     Args:
         name: one of NORMALIZER_NAMES.
-        module: the attention module (its `num_key_value_groups`, `training` and, after
-            sparsify, its normalizer).
+        module: the attention module (its `is_causal`, `training` and, after sparsify, its
+            normalizer).
         query: (batch, heads, queries, head_dim).
-        key, value: (batch, key_value_heads, keys, head_dim); grouped-query attention repeats
-            each key/value head for heads / key_value_heads query heads.
-        attention_mask: None, a boolean mask (True: seen) or an additive float mask,
-            broadcastable to (batch, heads, queries, keys) after cutting it to the keys.
+        key, value: (batch, key_value_heads, keys, head_dim); grouped-query attention shares
+            each key/value head among heads / key_value_heads query heads.
+        attention_mask: None, a boolean mask (True: seen) or an additive float mask (its minimum
+            or -inf marking masked keys), broadcastable to (batch, heads, queries, keys) after
+            cutting it to the keys. With none, a causal module with more than one query is causal,
+            as in sdpa.
         dropout: the dropout probability on the weights, applied in training mode.
         scaling: the scores' scale (default head_dim ** -0.5).
         position_bias: T5's relative position bias, added to the scores.
-        **kwargs: the model's other keywords; `softcap` caps the scores as Gemma's eager
-            attention does.
+        **kwargs: the model's other keywords: `softcap` caps the scores as Gemma's eager
+            attention does, `output_attentions` asks for the weights, `is_causal` overrides the
+            module's.
 
     Returns:
-        (output (batch, queries, heads, head_dim), weights (batch, heads, queries, keys)), the
-        weights in the query's dtype, exactly 0 on masked keys and off the support.
+        (output (batch, queries, heads, head_dim), weights (batch, heads, queries, keys) or None
+        when not materialized), the weights in the query's dtype, exactly 0 on masked keys and
+        off the support.
 
     Raises:
         NotImplementedError: for attention sinks (`s_aux`), which no sparse map here defines.
-        ValueError: see normalizer_of.
+        ValueError: for a call with neither mask nor causal flag but variable-length metadata
+            (`cu_seq_lens_q`, transformers' packed sequences), whose boundaries these functions
+            do not read; see also normalizer_of.
     """
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError(
             f"attn_implementation={name!r}: {type(module).__name__} passes attention sinks (s_aux), "
             "which fairseq_entmax's normalizers do not support"
         )
-    batch, heads, queries, head_dim = query.shape
-    if key.shape[1] != heads:
-        groups = getattr(module, "num_key_value_groups", heads // key.shape[1])
-        key = torch.repeat_interleave(key, groups, dim=1)
-        value = torch.repeat_interleave(value, groups, dim=1)
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
+        raise ValueError(
+            f"attn_implementation={name!r}: {type(module).__name__} was called with packed sequences "
+            "(cu_seq_lens_q) and no attention mask, which would let the sequences see each other: "
+            "pass an attention_mask (padded batches) instead of packing"
+        )
     if scaling is None:
-        scaling = head_dim**-0.5
-    # As the models' eager attention computes them; normalised in float32, as the fairseq layer does.
-    scores = (torch.matmul(query, key.transpose(2, 3)) * scaling).float()
-    softcap = kwargs.get("softcap")
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scaling = query.shape[-1] ** -0.5
+    is_causal = _is_causal(module, query, attention_mask, kwargs)
+    mask = None if attention_mask is None else _additive(attention_mask[:, :, :, : key.shape[-2]])
     if position_bias is not None:
-        scores = scores + position_bias[..., : key.shape[-2]].float()
-    if attention_mask is not None:
-        scores = _masked_scores(scores, attention_mask[:, :, :, : key.shape[-2]])
-    normalizer = normalizer_of(module, name, heads)
-    keys = scores.shape[-1]
-    weights = normalizer(scores.reshape(batch * heads, queries, keys)).view(batch, heads, queries, keys)
-    weights = torch.nn.functional.dropout(weights.to(value.dtype), p=dropout, training=module.training)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, weights
+        mask = _with_position_bias(mask, position_bias[..., : key.shape[-2]])
+        if is_causal:  # (a mask is given, so the causal part goes into it)
+            future = torch.ones(mask.shape[-2:], dtype=torch.bool, device=mask.device).triu(1)
+            mask, is_causal = mask.masked_fill(future, float("-inf")), False
+    normalizer = normalizer_of(module, name, query.shape[1])
+    dropout = dropout if module.training else 0.0
+    softcap = kwargs.get("softcap")
+    if kwargs.get("output_attentions") or query.shape[2] == 1 or softcap is not None:
+        output, weights = _materialized_attention(
+            normalizer, module, query, key, value, mask, is_causal, dropout, scaling, softcap
+        )
+    else:
+        output = scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=is_causal,
+            scale=scaling,
+            enable_gqa=True,
+            normalizer=normalizer,
+        )
+        weights = None
+    return output.transpose(1, 2).contiguous(), weights
 
 
 def _attention_function(name):

@@ -3,6 +3,7 @@
 import torch
 from fairseq.modules import MultiheadAttention
 
+from fairseq_entmax.attention import scaled_dot_product_attention
 from fairseq_entmax.names import ATTENTION_TYPES
 
 # Version of what this module stores beyond fairseq's MultiheadAttention, written beside the
@@ -28,7 +29,10 @@ class SparseMultiheadAttention(MultiheadAttention):
 
     Everything but the normalizer is fairseq's MultiheadAttention: projections, masks,
     incremental state, beam reordering, dropout and the returned weights, which are the
-    (possibly sparse) probabilities the values are averaged with.
+    (possibly sparse) probabilities the values are averaged with. A call that needs no weights
+    and has no incremental state (training, and the encoder in generation) runs
+    fairseq_entmax.attention, which never holds the score matrix; the others run fairseq's
+    Python path up to the scores, then the normalizer.
 
     Args:
         embed_dim, num_heads: as fairseq's MultiheadAttention.
@@ -112,6 +116,35 @@ class SparseMultiheadAttention(MultiheadAttention):
             _STATE_UPGRADES[old_version](state_dict, prefix)
         state_dict[key] = torch.tensor([STATE_VERSION])
 
+    def _blocked_forward(self, query, key, value, key_padding_mask, attn_mask):
+        """The attention output through fairseq_entmax.attention, which never holds the
+        (batch x heads, queries, keys) scores: fairseq's projections, masks and dropout, with the
+        normalizer, for a call that needs no weights and has no incremental state."""
+        tgt_len, bsz, _ = query.size()
+        if self.self_attention:
+            key = value = query
+        elif self.encoder_decoder_attention:
+            value = key
+
+        def per_head(states, projection):  # (length, batch, embed) -> (batch, heads, length, head_dim)
+            return projection(states).view(states.size(0), bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+        mask = attn_mask
+        if key_padding_mask is not None:
+            seen = ~key_padding_mask.to(torch.bool).view(bsz, 1, 1, -1)
+            mask = seen if attn_mask is None else attn_mask.masked_fill(~seen, float("-inf"))
+        dropout = self.dropout_module
+        attn = scaled_dot_product_attention(
+            per_head(query, self.q_proj),
+            per_head(key, self.k_proj),
+            per_head(value, self.v_proj),
+            attn_mask=mask,
+            dropout_p=dropout.p if self.training or dropout.apply_during_inference else 0.0,
+            scale=self.scaling,
+            normalizer=self.normalizer,
+        )
+        return self.out_proj(attn.permute(2, 0, 1, 3).reshape(tgt_len, bsz, self.embed_dim))
+
     def forward(
         self,
         query,
@@ -135,6 +168,9 @@ class SparseMultiheadAttention(MultiheadAttention):
             attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device).masked_fill_(
                 attn_mask, float("-inf")
             )
+        blocked = not (need_weights or before_softmax or static_kv or self.add_zero_attn)
+        if blocked and incremental_state is None and self.bias_k is None:
+            return self._blocked_forward(query, key, value, key_padding_mask, attn_mask), None
         # fairseq's own code up to the softmax: projections, incremental state, bias_kv,
         # zero_attn, attention mask (additive) and key padding (-inf).
         scores, v = super().forward(

@@ -156,6 +156,18 @@ def blocks_and_scratch(rows, num_scratch, block_scale=1):
     return blocks, scratch, cast, work_dtype
 
 
+def row_maxima(x):
+    """The maximum of each row of the (m, d) block x, with fully masked (all -inf) rows at 0.
+
+    Returns:
+        ((m, 1) maxima, (m, 1) bool mask of the fully masked rows). A row holding a NaN has a
+        NaN maximum and is not masked, so that the NaN reaches its output.
+    """
+    row_max = x.amax(dim=-1, keepdim=True)
+    masked = row_max == float("-inf")
+    return row_max.masked_fill_(masked, 0.0), masked
+
+
 def shift_rows(x, z):
     """Write x minus its row maximum into z (so each row's maximum is 0).
 

@@ -51,6 +51,8 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 _CANDIDATE_SHARE = 0.5
 _SELECT_FROM_KEYS = 80
 _SELECT_FROM_THREADS = 2
+# Rows this long search on their candidates at any number of threads (alpha_entmax_threshold).
+_SELECT_FROM_LONG_KEYS = 1024
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
 _BOUND_DEPTHS = (0.25, 0.5)
 
@@ -110,7 +112,7 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
         tau = torch.full_like(am1, -1.0)
     if candidates is None:
         newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, (r, q, rq), sync_free)
-        newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(), out)
+        newton.write_probabilities(newton.plain(tau) if plain else newton.safeguarded(tau), out)
     else:
         # One pass on the candidates brings tau closer to the root; the entries still
         # above it are the candidates of the passes that follow.
@@ -186,11 +188,11 @@ class _NewtonOnNorm:
             tau.add_(step.masked_fill(converged, 0.0))
         return step
 
-    def safeguarded(self):
-        """For any alpha: steps that would leave the bracket of the root are bisections."""
+    def safeguarded(self, tau):
+        """For any alpha: steps that would leave the bracket of the root are bisections; tau
+        starts at -1 (the bracket's lower end) and is updated in place."""
         lo = torch.full_like(self.am1, -1.0)
         hi = -torch.pow(torch.full_like(self.am1, 1.0 / self.z.shape[1]), self.am1)
-        tau = lo.clone()
         for _ in range(self.passes("safeguarded")):
             total, step = self.total_and_step(tau)
             converged = self.converged(step)
@@ -203,7 +205,7 @@ class _NewtonOnNorm:
             # Bisect where a step would leave the bracket (or is NaN), except for rows
             # that have already converged: their tiny steps may graze the bracket's ends.
             outside = ~((new_tau > lo) & (new_tau < hi)) & ~converged
-            tau = torch.where(converged, tau, torch.where(outside, (lo + hi) / 2, new_tau))
+            tau.copy_(torch.where(converged, tau, torch.where(outside, (lo + hi) / 2, new_tau)))
         return step
 
     def write_probabilities(self, step, out):
@@ -212,6 +214,45 @@ class _NewtonOnNorm:
         # instead of step (and costs no further power); then renormalise.
         torch.sub(self.r, self.rows.spread(step / self.am1), out=out).clamp_min_(0.0).mul_(self.q)
         out.div_(self.rows.spread(self.rows.sum(out)))
+
+
+def alpha_entmax_threshold(z, am1, masked, scratch, at_most_two=False):
+    """The threshold of each row of z: tau with sum_i [z_i - tau]_+^n = 1.
+
+    As alpha_entmax_rows searches, except that on the early-exit path rows of
+    _SELECT_FROM_LONG_KEYS keys or more search on their candidates whatever torch's threads:
+    in such rows the candidates are a small share of the keys.
+
+    Args:
+        z: (m, d) block, am1 * x with row maximum 0 and entries clamped at -2, in the compute
+            dtype; no row may be softmax (am1 below _SOFTMAX_BELOW).
+        am1: (m, 1) alpha - 1 per row.
+        masked: (m, 1) bool, the rows that were all -inf (their tau is not searched for).
+        scratch: three blocks like z.
+        at_most_two: alpha is known to be <= 2 (the sync-free path's choice of search).
+
+    Returns:
+        (m, 1) tau, the search's last step included.
+    """
+    sync_free = uses_sync_free_path(z)
+    plain = at_most_two if sync_free else bool((am1 <= 1.0).all())
+    if not plain or sync_free or z.shape[1] < _SELECT_FROM_KEYS:
+        tau = torch.full_like(am1, -1.0)
+        newton = _NewtonOnNorm(z, am1, WHOLE_ROWS, scratch, sync_free)
+        step = newton.plain(tau) if plain else newton.safeguarded(tau)
+        return tau.add_(step)
+    tau = _lower_bound_of_tau(z, am1, scratch=scratch[0])
+    threads = torch.get_num_threads()
+    candidates = None
+    if threads >= _SELECT_FROM_THREADS or z.shape[1] >= _SELECT_FROM_LONG_KEYS:
+        threshold = tau.masked_fill(masked, float("inf"))
+        candidates = select_above(z, threshold, _CANDIDATE_SHARE / threads, scratch=scratch[0])
+    if candidates is None:
+        return tau.add_(_NewtonOnNorm(z, am1, WHOLE_ROWS, scratch, sync_free).plain(tau))
+    newton = _NewtonOnNorm.on_selected(z, am1, candidates)
+    newton.plain(tau, passes=1)
+    candidates = candidates.narrowed(newton.z > candidates.spread(tau))
+    return tau.add_(_NewtonOnNorm.on_selected(z, am1, candidates).plain(tau))
 
 
 def _lower_bound_of_tau(z, am1, scratch):

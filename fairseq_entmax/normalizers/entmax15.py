@@ -38,22 +38,29 @@ def entmax15_rows(x, out, r):
     # tau >= max / 2 - 1 = -1, so entries with z / 2 < -1 never enter the support: clamping
     # them to -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.mul_(0.5).clamp_min_(-2.0)
-    tolerance = NEWTON_TOLERANCE[z.dtype]
+    z.sub_(entmax15_threshold(z, r)).clamp_min_(0.0).square_()
+    out.div_(out.sum(dim=-1, keepdim=True))
+    if valid is not None:
+        out.masked_fill_(~valid, 0.0)
+
+
+def entmax15_threshold(z, r):
+    """tau of each row of z (x / 2 with row maximum 0, entries clamped at -2) by the Newton
+    search of entmax15_rows, or on the sync-free path from the sorted entries and
+    _POLISHING_PASSES passes; r is a scratch block."""
     if uses_sync_free_path(z):
         tau = entmax15_threshold_by_sorting(z)
         for _ in range(_POLISHING_PASSES):
             tau.add_(_newton_step(z, tau, r))
-    else:
-        tau = z.new_full((z.shape[0], 1), -1.0)
-        for _ in range(_MAX_PASSES):
-            step = _newton_step(z, tau, r)
-            tau.add_(step)
-            if not bool((step.abs() > tolerance).any()):  # (NaN rows count as converged)
-                break
-    z.sub_(tau).clamp_min_(0.0).square_()
-    out.div_(out.sum(dim=-1, keepdim=True))
-    if valid is not None:
-        out.masked_fill_(~valid, 0.0)
+        return tau
+    tolerance = NEWTON_TOLERANCE[z.dtype]
+    tau = z.new_full((z.shape[0], 1), -1.0)
+    for _ in range(_MAX_PASSES):
+        step = _newton_step(z, tau, r)
+        tau.add_(step)
+        if not bool((step.abs() > tolerance).any()):  # (NaN rows count as converged)
+            break
+    return tau
 
 
 def _newton_step(z, tau, r):

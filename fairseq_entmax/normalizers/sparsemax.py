@@ -29,10 +29,15 @@ def sparsemax_rows(x, out, r):
     # tau >= max - 1 = -1, so entries below -1 never enter the support: clamping them to
     # -2 removes -inf and huge magnitudes (1e30) without changing the result.
     z = out.clamp_min_(-2.0)
-    tau = sparsemax_threshold_by_sorting(z) if uses_sync_free_path(z) else _michelot_threshold(z, r)
-    z.sub_(tau).clamp_min_(0.0)
+    z.sub_(sparsemax_threshold(z, r)).clamp_min_(0.0)
     if valid is not None:
         out.masked_fill_(~valid, 0.0)
+
+
+def sparsemax_threshold(z, r):
+    """tau of each row of z (row maximum 0, entries clamped at -2), exactly: by Michelot's
+    passes on the early-exit path, by sorting on the sync-free path; r is a scratch block."""
+    return sparsemax_threshold_by_sorting(z) if uses_sync_free_path(z) else _michelot_threshold(z, r)
 
 
 def _michelot_threshold(z, r):

@@ -20,6 +20,26 @@ def topk_softmax_rows(x, out, k):
     """Softmax over the entries >= the k-th largest of each row of x (ties kept), 0 elsewhere.
     k: a python int, or a (rows, 1) integer tensor with each row's k."""
     valid = shift_rows(x, out)
+    kth = topk_threshold(x, k)
+    out.exp_()
+    if kth is not None:
+        out.masked_fill_(x < kth, 0.0)
+    out.div_(out.sum(dim=-1, keepdim=True))
+    if valid is not None:
+        out.masked_fill_(~valid, 0.0)
+
+
+def topk_threshold(x, k):
+    """The k-th largest entry of each row of the (m, d) block x, the smallest that top-k
+    keeps (ties kept), or None where k >= d for every row (all kept).
+
+    Args:
+        x: (m, d) block.
+        k: a python int, or a (m, 1) integer tensor with each row's k.
+
+    Returns:
+        (m, 1) tensor in x's dtype, or None.
+    """
     d = x.shape[1]
     if torch.is_tensor(k):
         k = k.clamp(max=d)
@@ -27,17 +47,10 @@ def topk_softmax_rows(x, out, k):
         # on the sync-free path, which cannot read max(k)).
         kept = d if uses_sync_free_path(x) else int(k.max())
         largest = torch.topk(x, kept, dim=-1, sorted=True).values
-        dropped = x < largest.gather(-1, k - 1)
-    elif k < d:
-        dropped = x < torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
-    else:
-        dropped = None
-    out.exp_()
-    if dropped is not None:
-        out.masked_fill_(dropped, 0.0)
-    out.div_(out.sum(dim=-1, keepdim=True))
-    if valid is not None:
-        out.masked_fill_(~valid, 0.0)
+        return largest.gather(-1, k - 1)
+    if k < d:
+        return torch.topk(x, k, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+    return None
 
 
 class TopkSoftmaxFunction(torch.autograd.Function):

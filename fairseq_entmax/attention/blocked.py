@@ -1,0 +1,420 @@
+"""scaled_dot_product_attention in blocks of queries, with the probabilities recomputed in the
+backward from a few numbers per query row (fairseq_entmax.normalizers.recomputable).
+
+A block is a range of queries of a chunk of the batch, with every head, against the keys that
+the mask leaves visible to at least one of its queries: with a causal mask, a sliding window or
+padding, the keys it hides from the whole block are never computed. Its scores are
+(batch chunk x heads, block queries, visible keys), at most about BLOCK_ELEMENTS elements, and
+are freed once the block's output (forward) or gradients (backward) are written.
+"""
+
+import math
+import numbers
+
+import torch
+
+from fairseq_entmax.names import NORMALIZER_NAMES
+from fairseq_entmax.normalizers import AttentionNormalizer, build_normalizer
+from fairseq_entmax.normalizers._common import compute_dtype
+from fairseq_entmax.normalizers.recomputable import recomputable_rows
+
+# Score elements of one block: on the CPU small enough that a block and the normalizer's
+# scratch stay within the caches, large enough for the matrix products to run at full speed
+# (benchmarks/attention.py measures the choice); on an accelerator, where each operation is a
+# kernel launch, larger.
+BLOCK_ELEMENTS = {"cpu": 1 << 20, "accelerator": 1 << 24}
+# The fewest queries a block takes by default before the batch is split instead.
+MIN_BLOCK_QUERIES = 16
+
+
+class _Mask:
+    """attn_mask as a 4-D view (batch or 1, heads or 1, queries or 1, keys or 1), with the
+    batch dims flattened, and its gradient back in the mask's own shape."""
+
+    def __init__(self, mask, batch_shape, batch):
+        self.shape = mask.shape
+        self.dtype = mask.dtype
+        self.is_bool = mask.dtype == torch.bool
+        batch_dims = len(batch_shape)
+        full = mask.reshape((1,) * (batch_dims + 3 - mask.dim()) + tuple(mask.shape))
+        self.full_shape = full.shape
+        if all(size == 1 for size in full.shape[:batch_dims]):
+            self.four = full.reshape((1,) + tuple(full.shape[batch_dims:]))
+            self.expanded_shape = full.shape
+        else:
+            self.expanded_shape = tuple(batch_shape) + tuple(full.shape[batch_dims:])
+            self.four = full.expand(self.expanded_shape).reshape((batch,) + tuple(full.shape[batch_dims:]))
+
+    def _slices(self, b0, b1, q0, q1, k0, k1):
+        sizes = self.four.shape
+        return (
+            slice(b0, b1) if sizes[0] > 1 else slice(None),
+            slice(None),
+            slice(q0, q1) if sizes[2] > 1 else slice(None),
+            slice(k0, k1) if sizes[3] > 1 else slice(None),
+        )
+
+    def block(self, b0, b1, q0, q1, k0, k1):
+        """The mask of a block, broadcastable to its scores (batch, heads, queries, keys)."""
+        return self.four[self._slices(b0, b1, q0, q1, k0, k1)]
+
+    def add_gradient(self, gradient, scores_gradient, b0, b1, q0, q1, k0, k1):
+        """Add a block's score gradient into the mask's (4-D) gradient."""
+        target = gradient[self._slices(b0, b1, q0, q1, k0, k1)]
+        target.add_(scores_gradient.sum_to_size(target.shape))
+
+    def gradient_of_mask(self, gradient):
+        """The 4-D gradient in the shape and dtype of the mask given."""
+        shaped = gradient.reshape(self.expanded_shape).sum_to_size(self.full_shape)
+        return shaped.reshape(self.shape).to(self.dtype)
+
+    def visible_key_ranges(self, query_blocks, keys):
+        """For each query block (q0, q1), the range (k0, k1) of the keys that some query of it
+        sees ((0, 0) where none does). A float mask hides where it is -inf."""
+        visible = self.four if self.is_bool else self.four != float("-inf")
+        visible = visible.any(dim=1).any(dim=0)  # (queries or 1, keys or 1)
+        if visible.shape[0] == 1:
+            per_block = visible.expand(len(query_blocks), visible.shape[1])
+        else:
+            size = query_blocks[0][1] - query_blocks[0][0]
+            padded = visible.new_zeros((len(query_blocks) * size, visible.shape[1]))
+            padded[: visible.shape[0]] = visible
+            per_block = padded.view(len(query_blocks), size, -1).any(dim=1)
+        seen = per_block.any(dim=1)
+        if per_block.shape[1] == 1:
+            return [(0, keys) if any_seen else (0, 0) for any_seen in seen.tolist()]
+        as_int = per_block.to(torch.uint8)
+        first = as_int.argmax(dim=1)
+        last = keys - as_int.flip(1).argmax(dim=1)
+        return [
+            (k0, k1) if any_seen else (0, 0) for any_seen, k0, k1 in zip(seen.tolist(), first.tolist(), last.tolist())
+        ]
+
+
+class _Spec:
+    """What one call computes, fixed before the forward and reused by the backward: the shapes,
+    the row map, the blocks (b0, b1, q0, q1, k0, k1) and the dropout's seed."""
+
+    def __init__(self, batch_shape, heads, kv_heads, queries, keys, rows, mask, causal, scale, dropout_p, blocks):
+        self.batch_shape = batch_shape
+        self.batch = math.prod(batch_shape)
+        self.heads, self.kv_heads = heads, kv_heads
+        self.groups = heads // kv_heads
+        self.queries, self.keys = queries, keys
+        self.rows, self.mask, self.causal = rows, mask, causal
+        self.scale = scale
+        self.dropout_p = dropout_p
+        self.blocks = blocks
+        # Drawn from torch's default generator, so that torch.manual_seed fixes the dropout; each
+        # block's keep mask comes from its own generator, seeded from it, forward and backward.
+        self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 else None
+
+    def dropout_keep(self, index, like):
+        """The scaled keep mask (0 or 1 / (1 - p)) of block `index`, shaped like `like`."""
+        generator = torch.Generator(device=like.device)
+        generator.manual_seed(self.seed + index)
+        keep = torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
+        return keep.ge_(self.dropout_p).mul_(1.0 / (1.0 - self.dropout_p))
+
+    def block_scores(self, query, key, b0, b1, q0, q1, k0, k1):
+        """(scaled queries (batch x kv heads, groups x queries, dim), keys, masked scores) of a
+        block; query (batch, heads, queries, dim) and key (batch, kv heads, keys, dim) in the
+        compute dtype, contiguous."""
+        batch, queries, keys = b1 - b0, q1 - q0, k1 - k0
+        q = (query[b0:b1, :, q0:q1] * self.scale).view(batch * self.kv_heads, self.groups * queries, -1)
+        k = key[b0:b1, :, k0:k1].reshape(batch * self.kv_heads, keys, -1)
+        scores = torch.bmm(q, k.transpose(1, 2))
+        per_head = scores.view(batch, self.heads, queries, keys)
+        if self.mask is not None:
+            mask = self.mask.block(b0, b1, q0, q1, k0, k1)
+            if self.mask.is_bool:
+                per_head.masked_fill_(~mask, float("-inf"))
+            else:
+                per_head.add_(mask)
+        if self.causal and k1 - 1 > q0:
+            hidden = torch.arange(k0, k1, device=scores.device) > torch.arange(q0, q1, device=scores.device)[:, None]
+            per_head.masked_fill_(hidden, float("-inf"))
+        return q, k, scores
+
+
+def _flat_inputs(spec, query, key, value, work_dtype):
+    """query (batch, heads, queries, dim) and key, value (batch, kv heads, keys, dim), contiguous
+    (the blocks' views rely on it), in the compute dtype."""
+    query = query.reshape(spec.batch, spec.heads, spec.queries, query.shape[-1]).to(work_dtype).contiguous()
+    key = key.reshape(spec.batch, spec.kv_heads, spec.keys, key.shape[-1]).to(work_dtype).contiguous()
+    value = value.reshape(spec.batch, spec.kv_heads, spec.keys, value.shape[-1]).to(work_dtype).contiguous()
+    return query, key, value
+
+
+class _BlockedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, alpha, spec):
+        work_dtype = compute_dtype(query.dtype)
+        q4, k4, v4 = _flat_inputs(spec, query, key, value, work_dtype)
+        out = torch.zeros(spec.batch, spec.heads, spec.queries, value.shape[-1], dtype=work_dtype, device=query.device)
+        stats = None
+        for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
+            _, _, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
+            params = spec.rows.block_params(scores.view(b1 - b0, spec.heads, q1 - q0, k1 - k0))
+            p, block_stats = spec.rows.forward(scores.view(-1, k1 - k0), params)
+            if stats is None:
+                stats = [scores.new_empty((spec.batch, spec.heads, spec.queries)) for _ in block_stats]
+            for saved, value_of_rows in zip(stats, block_stats):
+                saved[b0:b1, :, q0:q1] = value_of_rows.view(b1 - b0, spec.heads, q1 - q0)
+            p = p.view_as(scores)
+            if spec.dropout_p > 0:
+                p = p.mul_(spec.dropout_keep(index, p))
+            v = v4[b0:b1, :, k0:k1].reshape(-1, k1 - k0, v4.shape[-1])
+            out[b0:b1, :, q0:q1] = torch.bmm(p, v).view(b1 - b0, spec.heads, q1 - q0, -1)
+        ctx.spec = spec
+        ctx.stats_count = 0 if stats is None else len(stats)
+        ctx.save_for_backward(query, key, value, attn_mask, alpha, *(stats or ()))
+        return out.view(*spec.batch_shape, spec.heads, spec.queries, -1).to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        spec = ctx.spec
+        query, key, value, attn_mask, alpha, *stats = ctx.saved_tensors
+        need_q, need_k, need_v, need_mask, need_alpha, _ = ctx.needs_input_grad
+        work_dtype = compute_dtype(query.dtype)
+        q4, k4, v4 = _flat_inputs(spec, query, key, value, work_dtype)
+        grad4 = grad_out.reshape(spec.batch, spec.heads, spec.queries, -1)
+        dq = torch.zeros_like(q4) if need_q else None
+        dk = torch.zeros_like(k4) if need_k else None
+        dv = torch.zeros_like(v4) if need_v else None
+        dmask = torch.zeros(spec.mask.four.shape, dtype=work_dtype, device=query.device) if need_mask else None
+        dalpha = torch.zeros(spec.heads, dtype=work_dtype, device=query.device) if need_alpha else None
+        for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
+            batch, queries, keys = b1 - b0, q1 - q0, k1 - k0
+            q, k, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
+            params = spec.rows.block_params(scores.view(batch, spec.heads, queries, keys))
+            block_stats = [saved[b0:b1, :, q0:q1].reshape(-1, 1) for saved in stats]
+            p = spec.rows.recompute(scores.view(-1, keys), block_stats, params)
+            v = v4[b0:b1, :, k0:k1].reshape(-1, keys, v4.shape[-1])
+            g_out = grad4[b0:b1, :, q0:q1].to(work_dtype).reshape(batch * spec.kv_heads, spec.groups * queries, -1)
+            keep = spec.dropout_keep(index, scores) if spec.dropout_p > 0 else None
+            if need_v:
+                dropped = p.view_as(scores) if keep is None else p.view_as(scores) * keep
+                dv[b0:b1, :, k0:k1] += torch.bmm(dropped.transpose(1, 2), g_out).view(batch, spec.kv_heads, keys, -1)
+            if not (need_q or need_k or need_mask or need_alpha):
+                continue
+            g_p = torch.bmm(g_out, v.transpose(1, 2))
+            if keep is not None:
+                g_p.mul_(keep)
+            g_scores, alpha_rows = spec.rows.backward(p, g_p.view(-1, keys), params, need_alpha)
+            g_scores = g_scores.view_as(scores)
+            if need_alpha:
+                dalpha += alpha_rows.view(batch, spec.heads, queries).sum(dim=(0, 2))
+            if need_mask:
+                spec.mask.add_gradient(dmask, g_scores.view(batch, spec.heads, queries, keys), b0, b1, q0, q1, k0, k1)
+            if need_q:
+                dq[b0:b1, :, q0:q1] = torch.bmm(g_scores, k).mul_(spec.scale).view(batch, spec.heads, queries, -1)
+            if need_k:
+                dk[b0:b1, :, k0:k1] += torch.bmm(g_scores.transpose(1, 2), q).view(batch, spec.kv_heads, keys, -1)
+        return (
+            None if dq is None else dq.view(query.shape).to(query.dtype),
+            None if dk is None else dk.view(key.shape).to(key.dtype),
+            None if dv is None else dv.view(value.shape).to(value.dtype),
+            None if dmask is None else spec.mask.gradient_of_mask(dmask),
+            None if dalpha is None else dalpha.to(alpha.dtype),
+            None,
+        )
+
+
+def _check_tensors(query, key, value):
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not torch.is_tensor(tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if not tensor.is_floating_point():
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a floating tensor, got {tensor.dtype}")
+        if tensor.dim() < 3:
+            raise ValueError(
+                f"scaled_dot_product_attention: {name} must have at least 3 dims (..., heads, length, dim), "
+                f"got shape {tuple(tensor.shape)}"
+            )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"scaled_dot_product_attention: query, key and value must have one dtype, got "
+            f"{query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"scaled_dot_product_attention: query, key and value must be on one device, got "
+            f"{query.device}, {key.device} and {value.device}"
+        )
+    shapes = f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+    if not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3]):
+        raise ValueError(f"scaled_dot_product_attention: the batch dims of query, key and value differ: {shapes}")
+    if key.shape[-3] != value.shape[-3] or key.shape[-2] != value.shape[-2]:
+        raise ValueError(f"scaled_dot_product_attention: key and value must have the same heads and length: {shapes}")
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"scaled_dot_product_attention: query and key must have the same last dim: {shapes}")
+
+
+def _check_heads(query, key, enable_gqa):
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if heads == kv_heads:
+        return
+    if not enable_gqa:
+        raise ValueError(
+            f"scaled_dot_product_attention: query has {heads} heads and key {kv_heads}; pass enable_gqa=True "
+            "for grouped-query attention"
+        )
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(
+            f"scaled_dot_product_attention: enable_gqa needs the query's heads ({heads}) to be a multiple of "
+            f"the key's ({kv_heads})"
+        )
+
+
+def _check_mask(attn_mask, is_causal, target_shape):
+    if attn_mask is None:
+        return
+    if is_causal:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not both")
+    if not torch.is_tensor(attn_mask):
+        raise TypeError(f"scaled_dot_product_attention: attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        raise TypeError(
+            f"scaled_dot_product_attention: attn_mask must be boolean (True: attend) or floating (added to the "
+            f"scores), got {attn_mask.dtype}"
+        )
+    fits = attn_mask.dim() <= len(target_shape) and all(
+        size in (1, target) for size, target in zip(reversed(attn_mask.shape), reversed(target_shape))
+    )
+    if not fits:
+        raise ValueError(
+            f"scaled_dot_product_attention: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+            f"the scores' shape {tuple(target_shape)}"
+        )
+
+
+def _normalizer_module(normalizer, heads, options):
+    if isinstance(normalizer, AttentionNormalizer):
+        if options:
+            raise ValueError(
+                f"scaled_dot_product_attention: options {sorted(options)} are for a normalizer given by name; "
+                "a normalizer module carries its own"
+            )
+        if normalizer.num_heads != heads:
+            raise ValueError(
+                f"scaled_dot_product_attention: the normalizer is built for {normalizer.num_heads} heads, "
+                f"the query has {heads}"
+            )
+        return normalizer
+    if not isinstance(normalizer, str):
+        raise TypeError(
+            "scaled_dot_product_attention: normalizer must be a name or a module from build_normalizer, got "
+            f"{type(normalizer).__name__}"
+        )
+    if normalizer == "alpha_entmax":
+        raise ValueError(
+            "scaled_dot_product_attention: alpha_entmax learns its alphas, which a name cannot hold: pass the "
+            "module, e.g. normalizer=build_normalizer('alpha_entmax', num_heads), kept on your model"
+        )
+    if normalizer not in NORMALIZER_NAMES:
+        raise ValueError(
+            f"scaled_dot_product_attention: unknown normalizer {normalizer!r}; known normalizers: "
+            f"{', '.join(name for name in NORMALIZER_NAMES if name != 'alpha_entmax')} (and a module of alpha_entmax)"
+        )
+    return build_normalizer(normalizer, heads, **options)
+
+
+def _blocks(spec_shapes, mask, is_causal, device, block_queries):
+    batch, heads, queries, keys = spec_shapes
+    budget = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"]
+    if block_queries is None:
+        block_queries = min(queries, max(MIN_BLOCK_QUERIES, budget // max(1, batch * heads * keys)))
+        if heads * block_queries * keys > budget:
+            block_queries = min(queries, max(1, budget // max(1, heads * keys)))
+    block_batch = min(batch, max(1, budget // max(1, heads * block_queries * keys)))
+    query_blocks = [(q0, min(q0 + block_queries, queries)) for q0 in range(0, queries, block_queries)]
+    if not query_blocks or batch == 0:
+        return []
+    if is_causal:
+        key_ranges = [(0, min(keys, q1)) for _, q1 in query_blocks]
+    elif mask is not None:
+        key_ranges = mask.visible_key_ranges(query_blocks, keys)
+    else:
+        key_ranges = [(0, keys)] * len(query_blocks)
+    return [
+        (b0, min(b0 + block_batch, batch), q0, q1, k0, k1)
+        for (q0, q1), (k0, k1) in zip(query_blocks, key_ranges)
+        if k1 > k0
+        for b0 in range(0, batch, block_batch)
+    ]
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    normalizer="softmax",
+    block_queries=None,
+    **normalizer_options,
+):
+    """torch.nn.functional.scaled_dot_product_attention with any normalizer, in blocks of queries.
+
+    Neither the forward nor the backward holds the (batch x heads, queries, keys) scores: each
+    block of queries is normalised and multiplied by the values, and the backward recomputes its
+    probabilities from three numbers per query row (docs/attention.md).
+
+    Args:
+        query: (..., heads, queries, dim).
+        key: (..., kv_heads, keys, dim); value: (..., kv_heads, keys, value_dim). The batch dims
+            are those of query; kv_heads is heads, or with enable_gqa a divisor of it (each key
+            head serves heads / kv_heads consecutive query heads).
+        attn_mask: None, a boolean mask (True: attend) or a float mask added to the scores (it
+            gets a gradient when it requires one, as T5's position bias does), broadcastable to
+            (..., heads, queries, keys).
+        dropout_p: the dropout probability on the weights (applied whenever > 0, as torch's
+            function does; pass 0.0 in evaluation), replayed exactly in the backward.
+        is_causal: query i sees keys 0 to i; not together with attn_mask.
+        scale: the scores' scale, default dim ** -0.5.
+        enable_gqa: allow kv_heads < heads (grouped-query attention).
+        normalizer: "softmax", "sparsemax", "entmax15" or "topk" (with the options of
+            build_normalizer, e.g. topk=8), or a normalizer module from build_normalizer, e.g.
+            a LearnedAlphaEntmax whose alphas then get their gradient.
+        block_queries: the queries per block; by default as many as keep a block's scores
+            within BLOCK_ELEMENTS (at least MIN_BLOCK_QUERIES, the batch split otherwise).
+        **normalizer_options: build_normalizer's options for a normalizer given by name.
+
+    Returns:
+        (..., heads, queries, value_dim) in query's dtype (half precision is computed in float32
+        within each block). A query that sees no key gets zeros; NaN in the inputs propagates.
+
+    Raises:
+        TypeError, ValueError: for inputs torch's function refuses, naming the argument, and
+            for an unknown normalizer or options that do not fit it.
+    """
+    _check_tensors(query, key, value)
+    _check_heads(query, key, enable_gqa)
+    batch_shape = tuple(query.shape[:-3])
+    heads, queries, dim = query.shape[-3:]
+    keys = key.shape[-2]
+    _check_mask(attn_mask, is_causal, batch_shape + (heads, queries, keys))
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if scale is None:
+        scale = dim**-0.5 if dim else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scaled_dot_product_attention: scale must be a finite number or None, got {scale!r}")
+    if block_queries is not None and (
+        isinstance(block_queries, bool) or not isinstance(block_queries, numbers.Integral) or block_queries < 1
+    ):
+        raise ValueError(f"scaled_dot_product_attention: block_queries must be an int >= 1, got {block_queries!r}")
+    module = _normalizer_module(normalizer, heads, normalizer_options)
+    rows, alpha = recomputable_rows(module)
+    batch = math.prod(batch_shape)
+    mask = None if attn_mask is None else _Mask(attn_mask, batch_shape, batch)
+    blocks = _blocks((batch, heads, queries, keys), mask, is_causal, query.device, block_queries)
+    spec = _Spec(
+        batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
+    )
+    return _BlockedAttention.apply(query, key, value, attn_mask, alpha, spec)
