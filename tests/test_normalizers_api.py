@@ -322,11 +322,11 @@ def test_first_alpha_entmax_call_imports_nothing_heavy():
 
 @pytest.mark.slow
 def test_importing_the_normalizers_has_no_side_effects():
-    """A user who wants the normalizers in their own model gets torch and nothing else:
+    """A user who wants the normalizers or the attention in their own model gets torch and nothing else:
     no fairseq, no transformers, no patched classes, no replaced excepthook."""
     code = (
         "import sys\n"
-        "import fairseq_entmax, fairseq_entmax.normalizers\n"
+        "import fairseq_entmax, fairseq_entmax.normalizers, fairseq_entmax.attention\n"
         "print('fairseq' in sys.modules, 'transformers' in sys.modules, sys.excepthook is sys.__excepthook__)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

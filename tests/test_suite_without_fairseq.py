@@ -18,6 +18,7 @@ TESTS = Path(__file__).resolve().parent
 # The test files that import neither fairseq nor the fairseq layer of fairseq_entmax.
 TORCH_ONLY = [
     "test_analysis_metrics.py",
+    "test_attention.py",
     "test_entmax_dropin.py",
     "test_entmax_package_suite.py",
     "test_huggingface_attention.py",

@@ -1,0 +1,346 @@
+"""fairseq_entmax.attention.scaled_dot_product_attention against independent references: the
+materialized path (scores, the normalizer, times the values), torch's own function for softmax,
+float64 gradcheck; and what it promises beyond them: no tensor of the score matrix's size, key
+blocks that a mask hides never computed, dropout replayed in the backward, clear errors."""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fairseq_entmax.attention import scaled_dot_product_attention
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
+
+# batch, heads, key/value heads, queries, keys, head dim: several blocks of 8 queries.
+B, H, L, S, E = 2, 4, 37, 45, 8
+WINDOW = 6
+
+
+def _normalizer(name, heads=H):
+    torch.manual_seed(5)
+    if name == "alpha_entmax":
+        return build_normalizer(name, heads, alpha_init="random", alpha_clamp=(1.01, 2.5))
+    return build_normalizer(name, heads, topk=5)
+
+
+def _materialized(query, key, value, mask, is_causal, normalizer, scale=None):
+    """Scores, masked with -inf, the normalizer module on (batch * heads, queries, keys), times values."""
+    heads = query.shape[-3]
+    if key.shape[-3] != heads:
+        key = key.repeat_interleave(heads // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(heads // value.shape[-3], dim=-3)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    if is_causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    queries, keys = scores.shape[-2:]
+    weights = normalizer(scores.reshape(-1, heads, queries, keys).flatten(0, 1)).view(scores.shape)
+    return torch.matmul(weights, value)
+
+
+def _case(case, dtype=torch.float32, seed=0):
+    """(query, key, value, mask, is_causal) of a named case; scores spread enough for sparse maps
+    to leave out keys the query sees."""
+    generator = torch.Generator().manual_seed(seed)
+    keys = L if case in ("causal", "window") else S
+    kv_heads = 2 if case == "gqa" else H
+
+    def normal(*shape):
+        return (2.0 * torch.randn(*shape, generator=generator, dtype=dtype)).requires_grad_()
+
+    query, key, value = normal(B, H, L, E), normal(B, kv_heads, keys, E), normal(B, kv_heads, keys, E)
+    mask = None
+    if case == "padding":  # each sentence's own keys, and a query that sees none
+        lengths = torch.tensor([S, S - 11])
+        mask = (torch.arange(S) < lengths[:, None]).view(B, 1, 1, S).expand(B, 1, L, S).clone()
+        mask[1, 0, 3] = False
+    elif case == "window":
+        position = torch.arange(L)
+        offset = position[:, None] - position
+        mask = (offset >= 0) & (offset < WINDOW)
+    elif case == "bias":  # an additive per-head bias that learns, as T5's, with -inf on some keys
+        mask = torch.randn(1, H, L, S, generator=generator, dtype=dtype)
+        mask[..., -3:] = float("-inf")
+        mask.requires_grad_()
+    return query, key, value, mask, case == "causal"
+
+
+def _gradients(output, tensors, seed=1):
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed), dtype=output.dtype)
+    return torch.autograd.grad(output, tensors, weights)
+
+
+def _assert_relatively_close(actual, expected, tolerance, what):
+    """Every entry within `tolerance` times the largest magnitude of the expected tensor."""
+    scale = float(expected.detach().abs().max())
+    torch.testing.assert_close(actual, expected, atol=tolerance * max(scale, 1e-30), rtol=0, msg=what)
+
+
+@pytest.mark.parametrize("case", ["padding", "causal", "window", "bias", "gqa"])
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_outputs_and_gradients_equal_the_materialized_path(name, case):
+    """Outputs and the gradients of query, key, value, the additive mask and the learned alphas
+    agree with the materialized path to 1e-5 of their scale, in float32, over several blocks of
+    queries and of the batch."""
+    normalizer = _normalizer(name)
+    query, key, value, mask, is_causal = _case(case)
+    inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
+    blocked = scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=mask,
+        is_causal=is_causal,
+        enable_gqa=case == "gqa",
+        normalizer=normalizer,
+        block_queries=8,
+    )
+    expected = _materialized(query, key, value, mask, is_causal, normalizer)
+    _assert_relatively_close(blocked, expected, 1e-5, "output")
+    for index, (actual, reference) in enumerate(zip(_gradients(blocked, inputs), _gradients(expected, inputs))):
+        assert float(reference.abs().max()) > 0, f"input {index} gets no gradient: a check that cannot fail"
+        _assert_relatively_close(actual, reference, 1e-5, f"gradient of input {index}")
+    if name != "softmax":  # the sparse maps do leave out keys the query sees
+        weights_seen = _materialized(
+            query, key, torch.eye(key.shape[-2]).expand(B, key.shape[1], -1, -1), mask, is_causal, normalizer
+        )
+        assert bool((weights_seen == 0).any())
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(),
+        dict(is_causal=True),
+        dict(mask="bool"),
+        dict(mask="float"),
+        dict(gqa=True),
+        dict(scale=0.3, batch_dims=(2, 3)),
+        dict(queries_more_than_keys=True, is_causal=True),
+    ],
+    ids=["plain", "causal", "bool-mask", "float-mask", "gqa", "scale-5d", "causal-more-queries"],
+)
+def test_softmax_equals_torchs_function(case):
+    generator = torch.Generator().manual_seed(3)
+    batch_dims = case.get("batch_dims", (B,))
+    queries = S + 9 if case.get("queries_more_than_keys") else L
+    kv_heads = 2 if case.get("gqa") else H
+    query = torch.randn(*batch_dims, H, queries, E, generator=generator, requires_grad=True)
+    key = torch.randn(*batch_dims, kv_heads, S, E, generator=generator, requires_grad=True)
+    value = torch.randn(*batch_dims, kv_heads, S, E, generator=generator, requires_grad=True)
+    mask = None
+    if case.get("mask") == "bool":
+        mask = torch.rand(B, 1, queries, S, generator=generator) > 0.3
+        mask[..., 0] = True  # torch's softmax gives NaN to a query that sees nothing
+    elif case.get("mask") == "float":
+        mask = torch.randn(H, queries, S, generator=generator)
+    arguments = dict(attn_mask=mask, is_causal=case.get("is_causal", False), scale=case.get("scale"))
+    arguments["enable_gqa"] = bool(case.get("gqa"))
+    ours = scaled_dot_product_attention(query, key, value, block_queries=8, **arguments)
+    torchs = torch.nn.functional.scaled_dot_product_attention(query, key, value, **arguments)
+    _assert_relatively_close(ours, torchs, 1e-5, "output")
+    for actual, expected in zip(_gradients(ours, [query, key, value]), _gradients(torchs, [query, key, value])):
+        _assert_relatively_close(actual, expected, 1e-5, "gradient")
+
+
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_float64_gradcheck(name):
+    """Finite differences in float64, the mask's and the alphas' gradients included (the alphas
+    as a float64 tensor: the module computes its own in float32)."""
+    normalizer = _normalizer(name, heads=2).double()
+    generator = torch.Generator().manual_seed(4)
+    query, key, value = (torch.randn(1, 2, n, 3, generator=generator, dtype=torch.float64) for n in (5, 6, 6))
+    bias = torch.randn(2, 5, 6, generator=generator, dtype=torch.float64)
+    bias[0, :, -1] = float("-inf")
+    inputs = [t.requires_grad_() for t in (query, key, value, bias)]
+    if name == "alpha_entmax":
+        alpha = torch.tensor([1.3, 2.4], dtype=torch.float64, requires_grad=True)
+        normalizer.head_alpha = lambda: alpha
+        inputs.append(alpha)
+
+    def attention(query, key, value, bias, *alpha):
+        return scaled_dot_product_attention(query, key, value, attn_mask=bias, normalizer=normalizer, block_queries=2)
+
+    assert torch.autograd.gradcheck(attention, inputs, eps=1e-6, atol=1e-7)
+
+
+def test_dropout_is_replayed_in_the_backward():
+    """With dropout, the gradients are those of the forward's own keep mask (gradcheck under
+    one seed), a seed repeats the output, and the output is unbiased (its mean over draws)."""
+    normalizer = _normalizer("entmax15", heads=2).double()
+    generator = torch.Generator().manual_seed(6)
+    inputs = [torch.randn(1, 2, n, 3, generator=generator, dtype=torch.float64, requires_grad=True) for n in (6, 7, 7)]
+
+    def attention(query, key, value):
+        torch.manual_seed(11)
+        return scaled_dot_product_attention(
+            query, key, value, dropout_p=0.4, normalizer=normalizer, block_queries=2, is_causal=True
+        )
+
+    assert torch.autograd.gradcheck(attention, inputs, eps=1e-6, atol=1e-7)
+    first, again = attention(*inputs), attention(*inputs)
+    assert torch.equal(first, again)
+    without = scaled_dot_product_attention(*inputs, normalizer=normalizer, is_causal=True)
+    assert not torch.allclose(first, without)
+    draws = torch.stack(
+        [
+            scaled_dot_product_attention(*inputs, dropout_p=0.4, normalizer=normalizer, is_causal=True)
+            for _ in range(400)
+        ]
+    )
+    # The mean of 400 draws is within 5 standard errors of the output without dropout.
+    standard_error = draws.std(dim=0) / math.sqrt(len(draws))
+    assert bool(((draws.mean(dim=0) - without).abs() <= 5 * standard_error + 1e-12).all())
+
+
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_masked_rows_extreme_scores_and_nan(name):
+    """A query that sees no key gets zeros and no gradient; scores of 1e30 keep the
+    materialized path's answer; a NaN in a query reaches that query's output only."""
+    normalizer = _normalizer(name)
+    query, key, value, mask, _ = _case("padding")
+    output = scaled_dot_product_attention(query, key, value, attn_mask=mask, normalizer=normalizer, block_queries=8)
+    assert torch.equal(output[1, :, 3], torch.zeros_like(output[1, :, 3]))
+    grad_query = _gradients(output, [query])[0]
+    assert torch.equal(grad_query[1, :, 3], torch.zeros_like(grad_query[1, :, 3]))
+
+    with torch.no_grad():
+        huge = query * 1e28  # scores of order 1e29
+        expected = _materialized(huge, key, value, mask, False, normalizer)
+        blocked = scaled_dot_product_attention(huge, key, value, attn_mask=mask, normalizer=normalizer, block_queries=8)
+        torch.testing.assert_close(blocked, expected, atol=1e-5, rtol=1e-5)
+        assert torch.isfinite(blocked).all()
+
+        poisoned = query.detach().clone()
+        poisoned[0, 1, 5, 2] = float("nan")
+        output = scaled_dot_product_attention(poisoned, key, value, normalizer=normalizer, block_queries=8)
+        assert torch.isnan(output[0, 1, 5]).all()
+        output[0, 1, 5] = 0.0
+        assert torch.isfinite(output).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["softmax", "entmax15", "alpha_entmax"])
+def test_half_precision_is_computed_in_float32(name, dtype):
+    """Half inputs give a result in their dtype equal to the float32 computation on the same
+    (rounded) inputs, to the rounding of the result."""
+    normalizer = _normalizer(name)
+    query, key, value, mask, _ = _case("padding", dtype=dtype)
+    half = scaled_dot_product_attention(query, key, value, attn_mask=mask, normalizer=normalizer, block_queries=8)
+    assert half.dtype == dtype
+    single = scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask, normalizer=normalizer, block_queries=8
+    )
+    torch.testing.assert_close(half.float(), single.to(dtype).float(), atol=0, rtol=0)
+    gradients = _gradients(half, [query, key, value])
+    assert all(g.dtype == dtype and torch.isfinite(g).all() for g in gradients)
+
+
+class _LargestTensors(TorchDispatchMode):
+    """Records the number of elements of every tensor an aten operation returns, and the scores
+    computed (the elements of the batched products whose last dim is keys)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+        self.score_elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in result if isinstance(result, (tuple, list)) else (result,):
+            if isinstance(tensor, torch.Tensor):
+                self.largest = max(self.largest, tensor.numel())
+        if func is torch.ops.aten.bmm.default and args[1].shape[-1] != E:  # q @ k^T, not p @ v
+            self.score_elements += result.numel()
+        return result
+
+
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_no_tensor_holds_the_score_matrix(name):
+    """Forward and backward at 512 tokens, batch 2: no operation returns a tensor of more than
+    a sixteenth of the (batch x heads, queries, keys) elements."""
+    normalizer = _normalizer(name)
+    tokens = 512
+    query, key, value = (torch.randn(2, H, tokens, E, requires_grad=True) for _ in range(3))
+    with _LargestTensors() as recorder:
+        output = scaled_dot_product_attention(
+            query, key, value, is_causal=True, normalizer=normalizer, block_queries=32
+        )
+        output.sum().backward()
+    assert 0 < recorder.largest <= 2 * H * tokens * tokens // 16
+    assert query.grad is not None and key.grad is not None and value.grad is not None
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "window"])
+def test_key_blocks_a_mask_hides_are_not_computed(mask_kind):
+    """A causal mask computes about half the scores, a sliding window about window / keys of them
+    (plus a block's width), in the forward; no mask computes all of them."""
+    tokens, block = 256, 16
+    query, key, value = (torch.randn(1, H, tokens, E) for _ in range(3))
+    position = torch.arange(tokens)
+    window = (position[:, None] - position >= 0) & (position[:, None] - position < 32)
+    arguments = dict(is_causal=True) if mask_kind == "causal" else dict(attn_mask=window)
+    counts = {}
+    for label, extra in (("none", {}), ("masked", arguments)):
+        with _LargestTensors() as recorder:
+            scaled_dot_product_attention(query, key, value, block_queries=block, **extra)
+        counts[label] = recorder.score_elements
+    assert counts["none"] == H * tokens * tokens
+    if mask_kind == "causal":
+        expected = H * sum(block * min(tokens, q0 + block) for q0 in range(0, tokens, block))
+    else:
+        expected = H * sum(block * (q0 + block - max(0, q0 - 31)) for q0 in range(0, tokens, block))
+    assert counts["masked"] == expected
+
+
+def test_a_learned_alpha_module_learns_through_it():
+    normalizer = build_normalizer("alpha_entmax", H, alpha_init=1.5)
+    query, key, value, _, _ = _case("causal")
+    scaled_dot_product_attention(query, key, value, is_causal=True, normalizer=normalizer).square().sum().backward()
+    assert normalizer.alpha_logit.grad is not None and bool((normalizer.alpha_logit.grad != 0).all())
+
+
+def _bad(**overrides):
+    generator = torch.Generator().manual_seed(0)
+    arguments = dict(
+        query=torch.randn(2, 4, 5, 8, generator=generator),
+        key=torch.randn(2, 4, 6, 8, generator=generator),
+        value=torch.randn(2, 4, 6, 8, generator=generator),
+    )
+    arguments.update(overrides)
+    return arguments
+
+
+@pytest.mark.parametrize(
+    "overrides, error, words",
+    [
+        (dict(key=torch.randn(2, 4, 6, 7)), ValueError, "last dim"),
+        (dict(value=torch.randn(2, 4, 5, 8)), ValueError, "same heads and length"),
+        (dict(key=torch.randn(3, 4, 6, 8), value=torch.randn(3, 4, 6, 8)), ValueError, "batch dims"),
+        (dict(key=torch.randn(2, 2, 6, 8), value=torch.randn(2, 2, 6, 8)), ValueError, "enable_gqa=True"),
+        (dict(key=torch.randn(2, 3, 6, 8), value=torch.randn(2, 3, 6, 8), enable_gqa=True), ValueError, "multiple"),
+        (dict(query=torch.randn(2, 4, 5, 8).double()), TypeError, "one dtype"),
+        (dict(query=torch.ones(2, 4, 5, 8, dtype=torch.long)), TypeError, "query must be a floating"),
+        (dict(query=torch.randn(5, 8)), ValueError, "at least 3 dims"),
+        (dict(attn_mask=torch.ones(5, 6, dtype=torch.long)), TypeError, "attn_mask must be boolean"),
+        (dict(attn_mask=torch.ones(5, 7, dtype=torch.bool)), ValueError, "does not broadcast"),
+        (dict(attn_mask=torch.ones(5, 6, dtype=torch.bool), is_causal=True), ValueError, "not both"),
+        (dict(dropout_p=1.5), ValueError, "dropout_p"),
+        (dict(scale=float("nan")), ValueError, "scale"),
+        (dict(block_queries=0), ValueError, "block_queries"),
+        (dict(normalizer="entmax"), ValueError, "unknown normalizer 'entmax'"),
+        (dict(normalizer="alpha_entmax"), ValueError, "build_normalizer('alpha_entmax'"),
+        (dict(normalizer=build_normalizer("entmax15", 2)), ValueError, "built for 2 heads"),
+        (dict(normalizer=build_normalizer("topk", 4), topk=3), ValueError, "normalizer given by name"),
+        (dict(normalizer=torch.nn.Softmax(dim=-1)), TypeError, "normalizer must be a name"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_argument(overrides, error, words):
+    arguments = _bad(**overrides)
+    before = {name: value.clone() for name, value in arguments.items() if torch.is_tensor(value)}
+    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+        scaled_dot_product_attention(**arguments)
+    for name, value in before.items():
+        assert torch.equal(arguments[name], value), f"{name} was changed"
