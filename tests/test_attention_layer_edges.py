@@ -284,3 +284,50 @@ def test_incremental_beam_decoding_equals_the_full_forward(normalizer, case):
     torch.testing.assert_close(self_weights, full_self_weights.detach(), **tolerance)
     torch.testing.assert_close(cross_weights, full_cross_weights.detach(), **tolerance)
     assert (cross_weights[encoder_padding[None, :, None, :].expand_as(cross_weights)] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["encoder_self", "decoder_self", "cross"])
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_calls_without_weights_equal_calls_with_them(name, kind):
+    """A call that needs no weights runs the blocked attention (fairseq_entmax.attention); its
+    output and gradients (inputs, parameters, learned alphas) equal those of the call that
+    returns the weights, to 1e-5 of their scale (the alphas' to 1e-4): padded keys, the decoder's future mask, cross
+    attention over padded encoder states."""
+    torch.manual_seed(0)
+    heads, tgt_len, src_len, batch = 4, 23, 19, 3
+    normalizer = build_normalizer(name, heads, alpha_init="random", topk=3)
+    layer = SparseMultiheadAttention(
+        EMBED_DIM,
+        heads,
+        attention_type=kind,
+        normalizer=normalizer,
+        self_attention=kind != "cross",
+        encoder_decoder_attention=kind == "cross",
+    ).train()
+    layer.dropout_module.p = 0.0
+    for parameter in layer.parameters():  # peaked scores, so that the sparse maps leave keys out
+        parameter.data.mul_(4.0)
+    query = torch.randn(tgt_len, batch, EMBED_DIM, requires_grad=True)
+    keys = query if kind != "cross" else torch.randn(src_len, batch, EMBED_DIM, requires_grad=True)
+    arguments = dict(key_padding_mask=padding_mask([keys.shape[0], 7, 12], keys.shape[0], "right"))
+    if kind == "decoder_self":
+        arguments["attn_mask"] = torch.triu(torch.full((tgt_len, tgt_len), float("-inf")), 1)
+    inputs = [query] + ([keys] if kind == "cross" else []) + list(layer.parameters())
+    results = []
+    for need_weights in (False, True):
+        output, weights = layer(query, keys, keys, need_weights=need_weights, **arguments)
+        assert (weights is None) != need_weights
+        upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(1))
+        results.append((output.detach(), torch.autograd.grad(output, inputs, upstream)))
+    (blocked, blocked_gradients), (materialized, materialized_gradients) = results
+    torch.testing.assert_close(blocked, materialized, atol=1e-5 * float(materialized.abs().max()), rtol=0)
+    largest = max(float(expected.abs().max()) for expected in materialized_gradients)
+    names = (["query"] + (["keys"] if kind == "cross" else [])) + [name for name, _ in layer.named_parameters()]
+    for what, actual, expected in zip(names, blocked_gradients, materialized_gradients):
+        # Every map is invariant to a shift of a row's scores: the key bias's gradient is 0 but
+        # for rounding, which is measured against the largest gradient of the layer.
+        scale = largest if what == "k_proj.bias" else float(expected.abs().max())
+        # The alphas' gradient sums a term of every row: here both float32 paths are 2-4e-5 of
+        # its scale off the float64 computation, so they are compared to 1e-4.
+        tolerance = 1e-4 if what == "normalizer.alpha_logit" else 1e-5
+        torch.testing.assert_close(actual, expected, atol=tolerance * scale, rtol=0, msg=what)

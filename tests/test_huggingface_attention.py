@@ -166,3 +166,61 @@ def test_every_normalizer_is_registered_with_its_mask():
     for name in ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"):
         assert AttentionInterface._global_mapping[name] is sparse_hf.ATTENTION_FUNCTIONS[name]
         assert AttentionMaskInterface._global_mapping[name] is sparse_hf.sparse_attention_mask
+
+
+@pytest.mark.parametrize("name", ("softmax",) + SPARSE)
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_the_blocked_path_equals_the_weights_path(family, name, monkeypatch):
+    """Without output_attentions the functions run the blocked attention, which never holds the
+    scores; with it, the materialized one. Logits and gradients agree to 1e-5 of their scale."""
+    blocked_calls = []
+    blocked = sparse_hf.attention.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        blocked_calls.append(1)
+        return blocked(*args, **kwargs)
+
+    monkeypatch.setattr(sparse_hf.attention, "scaled_dot_product_attention", counted)
+    inputs, masks = tiny_batch(family, _padding_side(family))
+    real = real_queries(family, masks)
+    results = []
+    for output_attentions in (False, True):
+        model = _sparse_model(family, name, **_PEAKED[family])
+        calls_before = len(blocked_calls)
+        logits = model(**inputs, output_attentions=output_attentions).logits
+        assert (len(blocked_calls) > calls_before) != output_attentions
+        weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1))
+        (logits * weights)[real].sum().backward()
+        results.append((logits[real].detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (blocked_logits, blocked_gradients), (weights_logits, weights_gradients) = results
+    scale = float(weights_logits.abs().max())
+    torch.testing.assert_close(blocked_logits, weights_logits, atol=1e-5 * scale, rtol=0)
+    assert blocked_gradients.keys() == weights_gradients.keys()
+    for parameter, gradient in weights_gradients.items():
+        scale = float(gradient.abs().max())
+        torch.testing.assert_close(
+            blocked_gradients[parameter], gradient, atol=max(1e-5 * scale, 1e-8), rtol=0, msg=parameter
+        )
+
+
+@pytest.mark.parametrize("path", ["blocked", "weights"])
+def test_a_causal_module_called_without_a_mask_is_causal(path):
+    """As sdpa reads such a call (transformers' mask left out for is_causal, continuous batching):
+    a causal module with several queries and no mask sees no future key; a call with no mask,
+    no causal module and packed-sequence metadata is refused."""
+    model = tiny_model("llama", "entmax15")
+    attention = model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(1, 4, 7, 8, generator=generator)
+    key, value = torch.randn(1, 2, 7, 8, generator=generator), torch.randn(1, 2, 7, 8, generator=generator)
+    causal_mask = torch.ones(7, 7, dtype=torch.bool).tril().view(1, 1, 7, 7)
+    keywords = dict(output_attentions=path == "weights")
+    without_mask, _ = sparse_hf.ATTENTION_FUNCTIONS["entmax15"](attention, query, key, value, None, **keywords)
+    with_mask, _ = sparse_hf.ATTENTION_FUNCTIONS["entmax15"](attention, query, key, value, causal_mask, **keywords)
+    torch.testing.assert_close(without_mask, with_mask, atol=1e-6, rtol=0)
+    full, _ = sparse_hf.ATTENTION_FUNCTIONS["entmax15"](attention, query, key, value, None, is_causal=False, **keywords)
+    assert not torch.allclose(full, with_mask)
+    with pytest.raises(ValueError, match="packed sequences"):
+        sparse_hf.ATTENTION_FUNCTIONS["entmax15"](
+            attention, query, key, value, None, is_causal=False, cu_seq_lens_q=torch.tensor([0, 3, 7]), **keywords
+        )
