@@ -66,6 +66,7 @@ class Size:
         round_trip_lines: its corpus lines.
         training_args: benchmarks.training's arguments.
         huggingface_args: benchmarks.huggingface's arguments.
+        attention_args: benchmarks.attention's arguments.
         skip: {step name: why it is skipped at this size}.
         budget_s: the default seconds for all the steps together.
     """
@@ -78,6 +79,7 @@ class Size:
     round_trip_lines: int
     training_args: list
     huggingface_args: list
+    attention_args: list
     skip: dict
     budget_s: int
 
@@ -103,6 +105,7 @@ FULL = Size(
     training_args=["--settings", "paper-size", "--fp16", "--rounds", "1", "--gen-repeats", "1", "--updates", "20"]
     + ["--lines", "3900", "--models", "sparsemax", "entmax15", "alpha_entmax", "topk"],
     huggingface_args=["--rounds", "3"],
+    attention_args=["--tokens", "4096", "16384"],
     skip={},
     budget_s=520,
 )
@@ -119,9 +122,13 @@ TINY = Size(
     training_args=["--settings", "tiny", "--models", "topk", "--rounds", "1", "--generate", "none"]
     + ["--updates", "10", "--lines", "300"],
     huggingface_args=["--size", "tiny", "--rounds", "1"],
+    attention_args=["--tokens", "64"],
     # Inductor's C++ build would take the CPU for longer than the rest of the check;
     # tests/test_fairseq_compile.py compiles through fairseq on the CPU.
-    skip={"training-compiled": "--cpu-tiny: compiling on the CPU is tested by tests/test_fairseq_compile.py"},
+    skip={
+        "training-compiled": "--cpu-tiny: compiling on the CPU is tested by tests/test_fairseq_compile.py",
+        "attention": "--cpu-tiny: tests/test_attention_benchmark.py runs it on the CPU",
+    },
     budget_s=900,
 )
 
@@ -586,6 +593,11 @@ STEPS = [
          300, partial(run_benchmark, module="training",
                       args=["--data", "{data}", "--work-dir", "{work}", *COMPILED_ARGS],
                       size_args="training_args"), render_training, needs_data=True),
+    Step("attention", "python -m benchmarks.attention --device {device} --settings raw --causal causal "
+         "--tokens 4096 16384: the blocked attention of every normalizer against torch's sdpa and the "
+         "materialized path", 150,
+         partial(run_benchmark, module="attention", args=["--settings", "raw", "--causal", "causal"],
+                 size_args="attention_args"), render_json),
     Step("huggingface", "python -m benchmarks.huggingface --device {device}: Marian and Llama at base width, "
          "each attention implementation against transformers' eager and sdpa", 120,
          partial(run_benchmark, module="huggingface", size_args="huggingface_args"), render_huggingface),

@@ -178,3 +178,30 @@ def test_no_host_synchronisation_on_cuda(name):
         forward_backward(name, scores, alpha_logits, upstream)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"])
+def test_blocked_attention_on_the_gpu_gives_what_the_cpu_gives(name, dtype):
+    """fairseq_entmax.attention on CUDA (the sync-free searches, GPU blocks) against the CPU:
+    output and the gradients of query, key, value and the alphas, causal and padded."""
+    from fairseq_entmax.attention import scaled_dot_product_attention
+    from fairseq_entmax.normalizers import build_normalizer
+
+    torch.manual_seed(0)
+    normalizer = build_normalizer(name, HEADS, alpha_init="random", topk=4)
+    query, key, value = (torch.randn(2, HEADS, 300, 16, dtype=dtype) * 2 for _ in range(3))
+    padding = (torch.arange(300) < torch.tensor([300, 211])[:, None]).view(2, 1, 1, 300)
+    results = {}
+    for device in ("cpu", DEVICE):
+        moved = normalizer.to(device)
+        inputs = [t.to(device).requires_grad_() for t in (query, key, value)]
+        for mask, causal in ((None, True), (padding.to(device), False)):
+            output = scaled_dot_product_attention(*inputs, attn_mask=mask, is_causal=causal, normalizer=moved)
+            grads = torch.autograd.grad(output.float().sum(), inputs + list(moved.parameters()))
+            results.setdefault(device, []).append([output.float().cpu()] + [g.float().cpu() for g in grads])
+    tolerance = 1e-4 if dtype == torch.float32 else 1e-2
+    for cpu, gpu in zip(results["cpu"], results[DEVICE]):
+        for expected, actual in zip(cpu, gpu):
+            torch.testing.assert_close(actual, expected, atol=tolerance * float(expected.abs().max()), rtol=0)

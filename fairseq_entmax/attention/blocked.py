@@ -320,9 +320,14 @@ def _normalizer_module(normalizer, heads, options):
     return build_normalizer(normalizer, heads, **options)
 
 
-def _blocks(spec_shapes, mask, is_causal, device, block_queries):
+def _blocks(spec_shapes, dim, mask, is_causal, device, block_queries):
     batch, heads, queries, keys = spec_shapes
-    budget = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"]
+    # At most half the query's elements: at short lengths a block's scratch then stays within the
+    # size of the inputs, which is what torch's fused attention holds.
+    budget = min(
+        BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"],
+        max(1 << 16, batch * heads * queries * dim // 2),
+    )
     if block_queries is None:
         block_queries = min(queries, max(MIN_BLOCK_QUERIES, budget // max(1, batch * heads * keys)))
         if heads * block_queries * keys > budget:
@@ -382,7 +387,8 @@ def scaled_dot_product_attention(
             build_normalizer, e.g. topk=8), or a normalizer module from build_normalizer, e.g.
             a LearnedAlphaEntmax whose alphas then get their gradient.
         block_queries: the queries per block; by default as many as keep a block's scores
-            within BLOCK_ELEMENTS (at least MIN_BLOCK_QUERIES, the batch split otherwise).
+            within BLOCK_ELEMENTS and half the query's size (at least MIN_BLOCK_QUERIES, the
+            batch split otherwise).
         **normalizer_options: build_normalizer's options for a normalizer given by name.
 
     Returns:
@@ -413,7 +419,7 @@ def scaled_dot_product_attention(
     rows, alpha = recomputable_rows(module)
     batch = math.prod(batch_shape)
     mask = None if attn_mask is None else _Mask(attn_mask, batch_shape, batch)
-    blocks = _blocks((batch, heads, queries, keys), mask, is_causal, query.device, block_queries)
+    blocks = _blocks((batch, heads, queries, keys), dim, mask, is_causal, query.device, block_queries)
     spec = _Spec(
         batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
     )

@@ -1,0 +1,224 @@
+"""Long inputs through fairseq_entmax.attention.scaled_dot_product_attention, side by side in one
+run with torch's fused attention and the materialized path: peak memory and time of one forward
+and backward.
+
+Settings:
+  raw    the attention alone: batch 1, 8 heads, head dim 64, float32, random N(0, 1) query, key
+         and value, causal or not, the summed output's backward.
+  llama  a Hugging Face Llama (hidden 256, 8 heads, 2 layers, intermediate 512, vocabulary 1,000),
+         random tokens, its language-model loss's backward.
+Rows: torch's scaled_dot_product_attention (sdpa), then each normalizer through the blocked
+function ("blocked") and through the materialized path ("materialized": the scores, the
+normalizer module, times the values; transformers' eager attention with the function's
+normalizer, for llama), alpha_entmax with a learned alpha per head (random init), topk with k = 8.
+
+Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the pass once:
+  seconds   the wall time of the forward and backward;
+  peak MiB  the peak resident set size (getrusage) minus the resident size just before the pass.
+A process whose pass needs more than --memory-limit GiB of address space is stopped by that
+limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
+
+    python -m benchmarks.attention                                  # every setting, 1 thread
+    python -m benchmarks.attention --settings raw --tokens 1024 4096 --json out.json
+    python -m benchmarks.attention --device cuda                    # on a GPU (memory: CUDA's peak)
+"""
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+from benchmarks.fresh_process import call_in_fresh_process
+from fairseq_entmax.names import NORMALIZER_NAMES
+
+SETTINGS = ("raw", "llama")
+DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "llama": (2048, 8192)}
+HEADS, HEAD_DIM = 8, 64
+
+
+def _rss_mib():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _raw_pass(path, normalizer_name, tokens, causal, device):
+    import torch
+
+    from fairseq_entmax.attention import scaled_dot_product_attention
+    from fairseq_entmax.normalizers import build_normalizer
+
+    torch.manual_seed(0)
+    query, key, value = (torch.randn(1, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
+    normalizer = None if path == "sdpa" else build_normalizer(normalizer_name, HEADS).to(device)
+
+    def materialized():
+        scores = torch.matmul(query, key.transpose(-1, -2)) * HEAD_DIM**-0.5
+        if causal:
+            future = torch.ones(tokens, tokens, dtype=torch.bool, device=device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = normalizer(scores.view(HEADS, tokens, tokens)).view_as(scores)
+        return torch.matmul(weights, value)
+
+    def run():
+        if path == "sdpa":
+            output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal)
+        elif path == "blocked":
+            output = scaled_dot_product_attention(query, key, value, is_causal=causal, normalizer=normalizer)
+        else:
+            output = materialized()
+        output.sum().backward()
+
+    return run
+
+
+def _llama_pass(path, normalizer_name, tokens, causal, device):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import fairseq_entmax.huggingface as sparse_hf
+
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        max_position_embeddings=tokens,
+    )
+    torch.manual_seed(0)
+    implementation = "sdpa" if path == "sdpa" else "eager"
+    model = LlamaForCausalLM._from_config(config, attn_implementation=implementation).to(device).train()
+    if path != "sdpa":
+        model = sparse_hf.sparsify(model, normalizer_name, alpha_init="random")
+    tokens_in = torch.randint(0, 1000, (1, tokens), device=device)
+
+    def run():
+        # output_attentions makes the functions take their materialized path.
+        output = model(input_ids=tokens_in, labels=tokens_in, output_attentions=path == "materialized")
+        output.loss.backward()
+
+    return run
+
+
+def measure(setting, path, normalizer_name, tokens, causal, device, threads, memory_limit_gib):
+    """One pass in this (fresh) process.
+
+    Returns:
+        {"seconds": float, "peak_mib": float} or {"refused": message} where the memory limit
+        stopped it.
+    """
+    import torch
+
+    torch.set_num_threads(threads)
+    if device == "cpu" and memory_limit_gib:
+        limit = int(memory_limit_gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    build = _raw_pass if setting == "raw" else _llama_pass
+    try:
+        run = build(path, normalizer_name, tokens, causal, device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        else:
+            before = _rss_mib()
+        start = time.perf_counter()
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    except (MemoryError, RuntimeError) as error:
+        if "memory" not in str(error).lower() and not isinstance(error, MemoryError):
+            raise
+        return {"refused": f"out of memory within {memory_limit_gib:g} GiB"}
+    if device == "cuda":
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    return {"seconds": seconds, "peak_mib": peak}
+
+
+def rows(setting):
+    """The (path, normalizer) rows of a setting's table, torch's sdpa first."""
+    return [("sdpa", "softmax")] + [(path, name) for name in NORMALIZER_NAMES for path in ("blocked", "materialized")]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument(
+        "--tokens", nargs="+", type=int, help="lengths (default: 1,024 4,096 16,384; llama 2,048 8,192)"
+    )
+    parser.add_argument(
+        "--causal", choices=["both", "causal", "full"], default="both", help="raw only (llama is causal)"
+    )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--memory-limit", type=float, default=16.0, help="GiB of address space per process (CPU)")
+    parser.add_argument(
+        "--skip-materialized-above",
+        type=int,
+        default=16384,
+        help="tokens above which the materialized rows are skipped",
+    )
+    parser.add_argument("--json", help="also write the results here")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.threads < 1 or args.memory_limit <= 0:
+        print("attention: --threads and --memory-limit must be positive", file=sys.stderr)
+        return 2
+    import torch
+
+    from benchmarks.machine import describe
+
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("attention: --device cuda but torch sees no CUDA device", file=sys.stderr)
+        return 2
+    print(f"machine: {describe(args.device)}")
+    print(f"command: python -m benchmarks.attention {' '.join(argv if argv is not None else sys.argv[1:])}")
+    results = []
+    for setting in args.settings:
+        shapes = (
+            [True] if setting == "llama" else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
+        )
+        for tokens in args.tokens or DEFAULT_TOKENS[setting]:
+            for causal in shapes:
+                print(f"\n{setting}, {tokens:,} tokens, {'causal' if causal else 'full'}")
+                print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
+                print("|---|---|---|---|---|---|")
+                baseline = None
+                for path, name in rows(setting):
+                    if path == "materialized" and tokens > args.skip_materialized_above:
+                        continue
+                    result = call_in_fresh_process(
+                        measure, setting, path, name, tokens, causal, args.device, args.threads, args.memory_limit
+                    )
+                    results.append(
+                        dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result)
+                    )
+                    if "refused" in result:
+                        print(f"| {path} | {name} | {result['refused']} | | | |", flush=True)
+                        continue
+                    baseline = baseline or result
+                    print(
+                        f"| {path} | {name} | {result['seconds']:.2f} | {result['seconds'] / baseline['seconds']:.2f} "
+                        f"| {result['peak_mib']:.0f} | {result['peak_mib'] / baseline['peak_mib']:.2f} |",
+                        flush=True,
+                    )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"machine": describe(args.device), "results": results}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

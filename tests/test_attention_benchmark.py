@@ -1,0 +1,37 @@
+"""benchmarks/attention.py as a user runs it: every row of its table, its JSON, and the
+refusal of a pass that does not fit the memory limit."""
+
+import json
+import sys
+
+import pytest
+
+from benchmarks.attention import measure, rows
+from benchmarks.fresh_process import call_in_fresh_process
+from fairseq_entmax.names import NORMALIZER_NAMES
+from helpers import run
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_raw_table_has_every_normalizer_on_both_paths(tmp_path):
+    out = tmp_path / "attention.json"
+    finished = run(
+        [sys.executable, "-m", "benchmarks.attention", "--settings", "raw", "--tokens", "64"]
+        + ["--causal", "causal", "--json", str(out)]
+    )
+    report = json.loads(out.read_text())
+    measured = {(r["path"], r["normalizer"]) for r in report["results"]}
+    assert (
+        measured
+        == set(rows("raw"))
+        == {("sdpa", "softmax")} | {(path, name) for name in NORMALIZER_NAMES for path in ("blocked", "materialized")}
+    )
+    assert all(r["seconds"] > 0 and r["peak_mib"] >= 0 and r["tokens"] == 64 for r in report["results"])
+    assert "raw, 64 tokens, causal" in finished.stdout and "| blocked | alpha_entmax |" in finished.stdout
+
+
+def test_a_pass_beyond_the_memory_limit_is_reported_not_raised():
+    """The materialized path at 4,096 tokens holds 8 x 4,096^2 float32 scores (512 MiB) and more."""
+    result = call_in_fresh_process(measure, "raw", "materialized", "softmax", 4096, False, "cpu", 1, 1.5)
+    assert result == {"refused": "out of memory within 1.5 GiB"}
