@@ -12,7 +12,9 @@ learned per head, topk with k = 8) through this package's attention, and with fa
 attention (MultiheadAttention / the `transformer` architecture) as a reference: there fairseq
 hands self-attention to PyTorch's fused attention (F.multi_head_attention_forward, which
 without attention weights calls scaled_dot_product_attention), while this package's attention
-computes the (batch * heads, queries, keys) scores, whatever the normalizer.
+runs fairseq_entmax.attention, which works in blocks of queries and never holds the
+(batch * heads, queries, keys) scores (the decoder's last cross-attention, whose weights
+fairseq returns, holds them in both).
 
 Every measurement is a fresh process (benchmarks/fresh_process.py), so that nothing one
 normalizer allocated is counted for another; the processes are interleaved over rounds

@@ -121,6 +121,7 @@ DOC_BLOCKS = {
     ("docs/fairseq.md", "CUDA_VISIBLE_DEVICES=0,1,2,3 fairseq-train data-bin --user-dir $USER_DIR \\"): PARSE,
     ("docs/fairseq.md", "torchrun --nnodes 2 --node_rank $NODE --nproc_per_node 8 \\"): PARSE,
     ("docs/fairseq.md", "for RANK in 0 1; do"): PARSE,
+    ("docs/attention.md", "python -m benchmarks.attention --settings raw --tokens 1024 4096 16384"): PARSE,
     ("docs/huggingface.md", "pip install -e '.[huggingface]'     # in a checkout; make setup installs it too"): PARSE,
     ("docs/huggingface.md", ".venv/bin/python -m examples.huggingface.marian_toy           # about 3 minutes on 2 CPU cores"): PARSE,
     ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
