@@ -5,6 +5,8 @@ and backward.
 Settings:
   raw    the attention alone: batch 1, 8 heads, head dim 64, float32, random N(0, 1) query, key
          and value, causal or not, the summed output's backward.
+  step   a generation step: one query against keys (batch 4, 8 heads, head dim 64), forward only,
+         the mean over STEP_CALLS calls (its peak memory is that of one call);
   llama  a Hugging Face Llama (hidden 256, 8 heads, 2 layers, intermediate 512, vocabulary 1,000),
          random tokens, its language-model loss's backward.
 Rows: torch's scaled_dot_product_attention (sdpa), then each normalizer through the blocked
@@ -32,8 +34,9 @@ import time
 from benchmarks.fresh_process import call_in_fresh_process
 from fairseq_entmax.names import NORMALIZER_NAMES
 
-SETTINGS = ("raw", "llama")
-DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "llama": (2048, 8192)}
+SETTINGS = ("raw", "step", "llama")
+DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "step": (64, 256, 1024), "llama": (2048, 8192)}
+STEP_CALLS = 200
 HEADS, HEAD_DIM = 8, 64
 
 
@@ -71,6 +74,33 @@ def _raw_pass(path, normalizer_name, tokens, causal, device):
         else:
             output = materialized()
         output.sum().backward()
+
+    return run
+
+
+def _step_pass(path, normalizer_name, tokens, causal, device):
+    import torch
+
+    from fairseq_entmax.attention import scaled_dot_product_attention
+    from fairseq_entmax.normalizers import build_normalizer
+
+    torch.manual_seed(0)
+    query = torch.randn(4, HEADS, 1, HEAD_DIM, device=device)
+    key, value = (torch.randn(4, HEADS, tokens, HEAD_DIM, device=device) for _ in range(2))
+    normalizer = build_normalizer(normalizer_name, HEADS).to(device)
+
+    def one_call():
+        if path == "sdpa":
+            return torch.nn.functional.scaled_dot_product_attention(query, key, value)
+        if path == "blocked":
+            return scaled_dot_product_attention(query, key, value, normalizer=normalizer)
+        scores = torch.matmul(query, key.transpose(-1, -2)) * HEAD_DIM**-0.5
+        return torch.matmul(normalizer(scores.view(4 * HEADS, 1, tokens)).view_as(scores), value)
+
+    def run():
+        with torch.no_grad():
+            for _ in range(STEP_CALLS):
+                one_call()
 
     return run
 
@@ -118,7 +148,7 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
     if device == "cpu" and memory_limit_gib:
         limit = int(memory_limit_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    build = _raw_pass if setting == "raw" else _llama_pass
+    build = {"raw": _raw_pass, "step": _step_pass, "llama": _llama_pass}[setting]
     try:
         run = build(path, normalizer_name, tokens, causal, device)
         if device == "cuda":
@@ -131,7 +161,7 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
         run()
         if device == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        seconds = (time.perf_counter() - start) / (STEP_CALLS if setting == "step" else 1)
     except (MemoryError, RuntimeError) as error:
         if "memory" not in str(error).lower() and not isinstance(error, MemoryError):
             raise
@@ -155,7 +185,10 @@ def build_parser():
         "--tokens", nargs="+", type=int, help="lengths (default: 1,024 4,096 16,384; llama 2,048 8,192)"
     )
     parser.add_argument(
-        "--causal", choices=["both", "causal", "full"], default="both", help="raw only (llama is causal)"
+        "--causal",
+        choices=["both", "causal", "full"],
+        default="both",
+        help="raw only (llama is causal, a step sees every key)",
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1)
@@ -188,11 +221,14 @@ def main(argv=None):
     results = []
     for setting in args.settings:
         shapes = (
-            [True] if setting == "llama" else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
+            [setting == "llama"]
+            if setting != "raw"
+            else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
         )
         for tokens in args.tokens or DEFAULT_TOKENS[setting]:
             for causal in shapes:
-                print(f"\n{setting}, {tokens:,} tokens, {'causal' if causal else 'full'}")
+                shape = "one query" if setting == "step" else "causal" if causal else "full"
+                print(f"\n{setting}, {tokens:,} tokens, {shape}")
                 print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
                 print("|---|---|---|---|---|---|")
                 baseline = None
@@ -210,7 +246,7 @@ def main(argv=None):
                         continue
                     baseline = baseline or result
                     print(
-                        f"| {path} | {name} | {result['seconds']:.2f} | {result['seconds'] / baseline['seconds']:.2f} "
+                        f"| {path} | {name} | {result['seconds']:.3g} | {result['seconds'] / baseline['seconds']:.2f} "
                         f"| {result['peak_mib']:.0f} | {result['peak_mib'] / baseline['peak_mib']:.2f} |",
                         flush=True,
                     )
