@@ -167,7 +167,6 @@ class _BlockedAttention(torch.autograd.Function):
             v = v4[b0:b1, :, k0:k1].reshape(-1, k1 - k0, v4.shape[-1])
             out[b0:b1, :, q0:q1] = torch.bmm(p, v).view(b1 - b0, spec.heads, q1 - q0, -1)
         ctx.spec = spec
-        ctx.stats_count = 0 if stats is None else len(stats)
         ctx.save_for_backward(query, key, value, attn_mask, alpha, *(stats or ()))
         return out.view(*spec.batch_shape, spec.heads, spec.queries, -1).to(query.dtype)
 
