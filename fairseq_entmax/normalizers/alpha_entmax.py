@@ -46,12 +46,14 @@ SYNC_FREE_PASSES = {"plain": 16, "safeguarded": 32}
 # thread where the passes over whole rows share out (measurements in benchmarks/RESULTS.md).
 # Rows shorter than _SELECT_FROM_KEYS keep whole rows: on them, as in a decoding step, the
 # operations that select cost more than the passes save. Below _SELECT_FROM_THREADS threads
-# whole rows are kept too: there the selection gains on random scores but costs inside a
-# trained model's training steps (both tables in benchmarks/RESULTS.md).
+# whole rows are kept too, but for rows of _SELECT_FROM_LONG_KEYS keys or more: there the
+# selection gains on random scores but costs inside a trained model's training steps (both
+# tables in benchmarks/RESULTS.md).
 _CANDIDATE_SHARE = 0.5
 _SELECT_FROM_KEYS = 80
 _SELECT_FROM_THREADS = 2
-# Rows this long search on their candidates at any number of threads (alpha_entmax_threshold).
+# Rows this long search on their candidates at any number of threads (benchmarks/RESULTS.md,
+# "Blocked attention": a generation step over 1,024 keys).
 _SELECT_FROM_LONG_KEYS = 1024
 # The depths delta of the lower bound of tau (see _lower_bound_of_tau).
 _BOUND_DEPTHS = (0.25, 0.5)
@@ -81,8 +83,8 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     entry is in the support) and quadratically near it; 4 to 7 passes for attention rows.
     On the early-exit path, in rows of _SELECT_FROM_KEYS keys or more, the search starts
     from the lower bound and its passes run on the candidates alone, the entries above it,
-    when they are few (_CANDIDATE_SHARE per thread) and torch runs _SELECT_FROM_THREADS
-    threads or more. For alpha > 2 the monotone rise is lost and each step is kept inside
+    when they are few (_CANDIDATE_SHARE per thread) and _selects_candidates says so (enough
+    threads, or long rows). For alpha > 2 the monotone rise is lost and each step is kept inside
     the bracket [-1, -(1/d)^am1] (bisection otherwise).
     The search stops when every Newton step is below NEWTON_TOLERANCE; p is then computed at
     tau + step (to first order, from the last pass) and divided by its sum. The sync-free
@@ -105,9 +107,8 @@ def alpha_entmax_rows(x, out, am1, r, q, rq, at_most_two=False):
     if plain and not sync_free and z.shape[1] >= _SELECT_FROM_KEYS:
         tau = _lower_bound_of_tau(z, am1, scratch=r)
         threshold = tau if valid is None else tau.masked_fill(~valid, float("inf"))
-        threads = torch.get_num_threads()
-        if threads >= _SELECT_FROM_THREADS:
-            candidates = select_above(z, threshold, _CANDIDATE_SHARE / threads, scratch=r)
+        if _selects_candidates(z.shape[1]):
+            candidates = select_above(z, threshold, _CANDIDATE_SHARE / torch.get_num_threads(), scratch=r)
     else:
         tau = torch.full_like(am1, -1.0)
     if candidates is None:
@@ -219,9 +220,7 @@ class _NewtonOnNorm:
 def alpha_entmax_threshold(z, am1, masked, scratch, at_most_two=False):
     """The threshold of each row of z: tau with sum_i [z_i - tau]_+^n = 1.
 
-    As alpha_entmax_rows searches, except that on the early-exit path rows of
-    _SELECT_FROM_LONG_KEYS keys or more search on their candidates whatever torch's threads:
-    in such rows the candidates are a small share of the keys.
+    As alpha_entmax_rows searches, and returns tau instead of p.
 
     Args:
         z: (m, d) block, am1 * x with row maximum 0 and entries clamped at -2, in the compute
@@ -242,17 +241,23 @@ def alpha_entmax_threshold(z, am1, masked, scratch, at_most_two=False):
         step = newton.plain(tau) if plain else newton.safeguarded(tau)
         return tau.add_(step)
     tau = _lower_bound_of_tau(z, am1, scratch=scratch[0])
-    threads = torch.get_num_threads()
     candidates = None
-    if threads >= _SELECT_FROM_THREADS or z.shape[1] >= _SELECT_FROM_LONG_KEYS:
+    if _selects_candidates(z.shape[1]):
         threshold = tau.masked_fill(masked, float("inf"))
-        candidates = select_above(z, threshold, _CANDIDATE_SHARE / threads, scratch=scratch[0])
+        candidates = select_above(z, threshold, _CANDIDATE_SHARE / torch.get_num_threads(), scratch=scratch[0])
     if candidates is None:
         return tau.add_(_NewtonOnNorm(z, am1, WHOLE_ROWS, scratch, sync_free).plain(tau))
     newton = _NewtonOnNorm.on_selected(z, am1, candidates)
     newton.plain(tau, passes=1)
     candidates = candidates.narrowed(newton.z > candidates.spread(tau))
     return tau.add_(_NewtonOnNorm.on_selected(z, am1, candidates).plain(tau))
+
+
+def _selects_candidates(keys):
+    """Whether the early-exit search of rows of `keys` keys runs on their candidates: with
+    _SELECT_FROM_THREADS threads or more, and at any number of threads in rows of
+    _SELECT_FROM_LONG_KEYS keys or more, where the candidates are a small share of the keys."""
+    return torch.get_num_threads() >= _SELECT_FROM_THREADS or keys >= _SELECT_FROM_LONG_KEYS
 
 
 def _lower_bound_of_tau(z, am1, scratch):
