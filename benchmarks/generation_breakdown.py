@@ -2,7 +2,9 @@
 attention type, against the whole run.
 
 Each checkpoint (a model of this package) is run through fairseq-generate in a process of its
-own, with every call of an attention's normalizer module timed. Reported per checkpoint:
+own, with every call of an attention's normalizer module timed, and every call of the blocked
+attention (fairseq_entmax.attention, which the encoder takes: it needs no weights) timed whole,
+its products included, since its normalizer runs inside it block by block. Reported per checkpoint:
 the run's wall time, the time inside the normalizers and its share, and the mean time of one
 call for encoder self-attention, decoder self-attention and cross attention. The same
 generation settings as benchmarks/training.py (beam 5, batches of 16, output forced to a
@@ -25,6 +27,7 @@ import torch
 from benchmarks.fresh_process import call_in_fresh_process
 from examples.pipeline.tools import run_reporting_errors
 from fairseq_entmax import USER_DIR
+from fairseq_entmax.modules import sparse_multihead_attention
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import AttentionNormalizer
@@ -65,8 +68,20 @@ def measure(data_bin, checkpoint, length, device):
         normalizers.add(self.name)
         return probs
 
+    untimed_blocked = sparse_multihead_attention.scaled_dot_product_attention
+
+    def timed_blocked(*args, normalizer, **kwargs):
+        sync()
+        start = time.perf_counter()
+        output = untimed_blocked(*args, normalizer=normalizer, **kwargs)
+        sync()
+        calls[current["type"]].append(time.perf_counter() - start)
+        normalizers.add(normalizer.name)
+        return output
+
     SparseMultiheadAttention.forward = forward_noting_its_type
     AttentionNormalizer.__call__ = timed_call
+    sparse_multihead_attention.scaled_dot_product_attention = timed_blocked
     sys.argv = [
         "fairseq-generate",
         str(data_bin),

@@ -12,9 +12,10 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
+from blocked_calls import normalizers_see_blocked_calls
 from conftest import TINY_MODEL_ARGS
 from fairseq_entmax.models import sparse_attention_modules
-from fairseq_entmax.modules import SparseMultiheadAttention, sparse_multihead_attention
+from fairseq_entmax.modules import SparseMultiheadAttention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 from helpers import USER_DIR
 
@@ -98,44 +99,24 @@ def test_batch(task, split="test", max_sentences=8):
 test_batch.__test__ = False  # a helper, not a test
 
 
-def record_normalizer_calls(model, monkeypatch):
-    """Keep the (scores, probabilities) of every attention's normalizer: hooks on the normalizer
-    modules (calls that return weights, e.g. the decoder's in generation) and a wrapper around
-    the blocked attention (calls that need none, e.g. the encoder's), which records the scores
-    and their map by the normalizer it was given, then runs. The hooks stay on the model, which
-    each test loads for itself.
+def record_normalizer_calls(model):
+    """Hook every attention's normalizer module to keep its (scores, probabilities); the
+    hooks stay on the model, which each test loads for itself. Calls through the blocked
+    attention reach the hooks inside blocked_calls.normalizers_see_blocked_calls().
 
     Args:
         model: a model of this package.
-        monkeypatch: pytest's, to wrap the blocked attention for the test.
 
     Returns:
         {(attention type, layer): [(scores, probabilities), ...]}, filled as the model runs.
     """
     calls = {}
-    by_normalizer = {}
     for attention_type, layer, attention in sparse_attention_modules(model):
-        by_normalizer[id(attention.normalizer)] = (attention_type, layer)
 
         def record(module, inputs, probabilities, key=(attention_type, layer)):
             calls.setdefault(key, []).append((inputs[0].detach(), probabilities.detach()))
 
         attention.normalizer.register_forward_hook(record)
-    blocked = sparse_multihead_attention.scaled_dot_product_attention
-
-    def recorded_blocked(query, key, value, attn_mask=None, *, normalizer, scale, **kwargs):
-        scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
-        elif attn_mask is not None:
-            scores = scores + attn_mask
-        scores = scores.flatten(0, 1).float().detach()
-        with torch.no_grad():
-            probabilities = type(normalizer).forward(normalizer, scores)
-        calls.setdefault(by_normalizer[id(normalizer)], []).append((scores, probabilities))
-        return blocked(query, key, value, attn_mask, normalizer=normalizer, scale=scale, **kwargs)
-
-    monkeypatch.setattr(sparse_multihead_attention, "scaled_dot_product_attention", recorded_blocked)
     return calls
 
 
@@ -150,10 +131,11 @@ def test_generation_uses_the_normalizer_everywhere(trained_model, monkeypatch, n
         raise AssertionError("F.multi_head_attention_forward bypassed the normalizer")
 
     monkeypatch.setattr(torch.nn.functional, "multi_head_attention_forward", fused_attention)
-    calls = record_normalizer_calls(model, monkeypatch)
+    calls = record_normalizer_calls(model)
     sample = test_batch(task)
     generator = task.build_generator([model], argparse.Namespace(beam=4))
-    hypotheses = task.inference_step(generator, [model], sample)
+    with normalizers_see_blocked_calls():  # the encoder's, which return no weights
+        hypotheses = task.inference_step(generator, [model], sample)
     assert len(hypotheses) == len(sample["id"])
 
     expected = {(t, layer) for t in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)}
@@ -235,7 +217,8 @@ def test_beam_search_scores_equal_the_full_forward(trained_model, normalizer):
     model, task = load_for_generation(trained_model(normalizer))
     sample = test_batch(task, max_sentences=4)
     generator = task.build_generator([model], argparse.Namespace(beam=4))
-    hypotheses = task.inference_step(generator, [model], sample)
+    with normalizers_see_blocked_calls():  # the encoder's, which return no weights
+        hypotheses = task.inference_step(generator, [model], sample)
     eos = task.target_dictionary.eos()
     for i, sentence_hypotheses in enumerate(hypotheses):
         best = sentence_hypotheses[0]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from fairseq import checkpoint_utils, options, tasks
 
+from blocked_calls import normalizers_see_blocked_calls
 from conftest import TINY_MODEL_ARGS, TRAINING_ARGS
 from fairseq_entmax.models import sparse_attention_modules
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax
@@ -87,7 +88,7 @@ def attention_rows(model, task, beam=None, split="test"):
         ).next_epoch_itr(shuffle=False)
         generator = task.build_generator([model], argparse.Namespace(beam=beam)) if beam else None
         sentences = 0
-        with torch.no_grad():
+        with torch.no_grad(), normalizers_see_blocked_calls():
             for sample in batches:
                 sentences += len(sample["id"])
                 model(**sample["net_input"])
