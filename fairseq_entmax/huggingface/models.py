@@ -19,6 +19,7 @@ from transformers import AutoConfig, PreTrainedModel
 from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE
 from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
+from fairseq_entmax.normalizers.layers import LearnedAlphaEntmax
 from fairseq_entmax.options import (
     DEFAULTS,
     parse_alpha_clamp,
@@ -30,6 +31,15 @@ from fairseq_entmax.options import (
 
 # The key of model.config (and config.json) that records what sparsify did.
 CONFIG_KEY = "sparse_attention"
+
+# What a sparsified model's config.json gives as its attn_implementation: no attention function
+# has this name, so a plain Model.from_pretrained(path) or AutoModel*.from_pretrained(path), with
+# or without this package imported, stops with transformers' "Specified attn_implementation=...
+# is not supported" error quoting it, instead of building a softmax model that drops the alphas.
+LOAD_HINT = (
+    "sparsified by fairseq_entmax: import fairseq_entmax.huggingface as sparse_hf and load it with "
+    "sparse_hf.from_pretrained(ModelClass, path)"
+)
 
 # sparsify's options, as build_normalizer takes them, with their parsers (fairseq_entmax.options).
 OPTION_PARSERS = {
@@ -83,8 +93,8 @@ def _num_heads(module):
 def _unsupported(model, reason):
     return TypeError(
         f"{type(model).__name__}: {reason}. fairseq_entmax.huggingface supports models whose attention modules "
-        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do from "
-        f"transformers 5.15 on; see https://huggingface.co/docs/transformers/en/attention_interface"
+        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do; "
+        "see https://huggingface.co/docs/transformers/en/attention_interface"
     )
 
 
@@ -177,33 +187,48 @@ def check_options(name, options):
     return record
 
 
+class Float32AlphaEntmax(LearnedAlphaEntmax):
+    """Learned alpha-entmax whose alpha logits stay float32 when the model is cast
+    (`model.to(torch.bfloat16)`, `.half()`): in bfloat16 the small updates of fine-tuning round
+    away, and torch.amp.GradScaler refuses to unscale float16 gradients. The map computes in
+    float32 anyway."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.alpha_logit.dtype != torch.float32:
+            self.alpha_logit.data = self.alpha_logit.data.float()
+            if self.alpha_logit.grad is not None:
+                self.alpha_logit.grad = self.alpha_logit.grad.float()
+        return self
+
+
+def _build_normalizer(name, heads, options):
+    if name == "alpha_entmax":
+        return Float32AlphaEntmax(heads, options["alpha_init"], options["alpha_clamp"], options["alpha_warmup_updates"])
+    return build_normalizer(name, heads, **options)
+
+
 def _build_normalizers(modules, record):
     options = {option: record[option] for option in OPTION_PARSERS}
     options["alpha_clamp"] = tuple(options["alpha_clamp"])
     normalizers = []
     for _, _, _, module, heads in modules:
-        normalizer = build_normalizer(record["normalizer"], heads, **options)
+        normalizer = _build_normalizer(record["normalizer"], heads, options)
         parameter = next(module.parameters(), None)
         if parameter is not None:
-            normalizer.to(device=parameter.device, dtype=parameter.dtype)
+            # On the attention's device (also under device_map); the dtype stays float32.
+            normalizer.to(device=parameter.device)
         normalizers.append(normalizer)
     return normalizers
-
-
-def _set_attn_implementation(model, name):
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-        return
-    # transformers before set_attn_implementation: the implementation each config names.
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            module.config._attn_implementation = name
 
 
 def _attach(model, modules, normalizers, record):
     for (_, _, _, module, _), normalizer in zip(modules, normalizers):
         setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
     setattr(model.config, CONFIG_KEY, dict(record))
+    # Written into config.json by save_pretrained; transformers reads it back as the
+    # implementation to load with (see LOAD_HINT). In memory the model runs config._attn_implementation.
+    model.config.attn_implementation = LOAD_HINT
     set_num_updates(model, record.get("num_updates", 0))
 
 
@@ -234,7 +259,7 @@ def sparsify(model, name, **options):
     record = check_options(name, options)
     modules = attention_modules(model)
     normalizers = _build_normalizers(modules, record)
-    _set_attn_implementation(model, name)
+    model.set_attn_implementation(name)
     _attach(model, modules, normalizers, record)
     return model
 
