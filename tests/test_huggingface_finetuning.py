@@ -104,3 +104,19 @@ def test_a_process_without_the_package_refuses_a_sparsified_model(tmp_path):
     printed = result.stdout.strip().splitlines()
     assert printed[-1] == "False"
     assert "import fairseq_entmax.huggingface as sparse_hf and load it with sparse_hf.from_pretrained" in printed[0]
+
+
+def test_per_step_calls_do_not_walk_the_model():
+    """set_num_updates and learned_alpha_statistics, which AlphaWarmupCallback calls at every
+    optimizer step, read the normalizers sparsify attached instead of walking the modules."""
+    model = sparse_hf.sparsify(tiny_model("marian", "eager"), "alpha_entmax", alpha_init=1.6, alpha_warmup_updates=4)
+
+    def walk(*args, **kwargs):
+        raise AssertionError("walked the model's modules")
+
+    model.named_modules = model.modules = walk
+    sparse_hf.set_num_updates(model, 2)
+    statistics = sparse_hf.learned_alpha_statistics(model)
+    assert set(statistics) == {"encoder_self", "decoder_self", "cross"}
+    for values in statistics.values():  # halfway through the warm-up: 1 + 0.5 * 0.6
+        assert values == pytest.approx({"mean": 1.3, "min": 1.3, "max": 1.3}, abs=1e-6)

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE, SPARSIFIED
-from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.names import ALPHA_STATISTICS, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
 from fairseq_entmax.normalizers.layers import LearnedAlphaEntmax
 from fairseq_entmax.options import (
@@ -249,7 +249,22 @@ def _build_normalizers(modules, record):
     return normalizers
 
 
+# The attribute of a sparsified model that lists its (attention_type, layer, normalizer), set when
+# the normalizers are attached: the per-step calls (set_num_updates, the statistics the
+# callback logs) read it instead of walking and inspecting every module of the model.
+_SPARSE_MODULES_ATTRIBUTE = "_sparse_attention_normalizers"
+
+
 def _attach(model, modules, normalizers, record):
+    setattr(
+        model,
+        _SPARSE_MODULES_ATTRIBUTE,
+        [
+            (attention_type, layer, normalizer)
+            for (attention_type, layer, *_), normalizer in zip(modules, normalizers)
+            if normalizer is not None
+        ],
+    )
     for (_, _, _, module, _), normalizer in zip(modules, normalizers):
         if normalizer is not None:
             setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
@@ -400,10 +415,9 @@ def from_pretrained(model_class, path, **kwargs):
 
 
 def _sparse_modules(model):
-    for attention_type, layer, _, module, _ in attention_modules(model):
-        normalizer = getattr(module, NORMALIZER_ATTRIBUTE, None)
-        if normalizer is not None:
-            yield attention_type, layer, normalizer
+    """(attention_type, layer, normalizer) of each sparsified attention; none for another model.
+    Read through wrappers that forward attributes (peft's PeftModel)."""
+    return getattr(model, _SPARSE_MODULES_ATTRIBUTE, [])
 
 
 def set_num_updates(model, num_updates):
@@ -475,12 +489,12 @@ def learned_alpha_statistics(model):
     for attention_type, _, normalizer in _sparse_modules(model):
         if normalizer.learns_alpha:
             per_type.setdefault(attention_type, []).append(normalizer.head_alpha().detach().float())
-    statistics = {}
-    for attention_type, alphas in per_type.items():
-        values = torch.cat(alphas)
-        statistics[attention_type] = {
-            "mean": values.mean().item(),
-            "min": values.min().item(),
-            "max": values.max().item(),
-        }
-    return statistics
+    if not per_type:
+        return {}
+    # Every statistic of every type computed on the device, then read back in one transfer.
+    rows = torch.stack(
+        [torch.stack([values.mean(), values.min(), values.max()]) for values in map(torch.cat, per_type.values())]
+    )
+    return {
+        attention_type: dict(zip(ALPHA_STATISTICS, row)) for attention_type, row in zip(per_type, rows.cpu().tolist())
+    }
