@@ -120,3 +120,39 @@ def test_per_step_calls_do_not_walk_the_model():
     assert set(statistics) == {"encoder_self", "decoder_self", "cross"}
     for values in statistics.values():  # halfway through the warm-up: 1 + 0.5 * 0.6
         assert values == pytest.approx({"mean": 1.3, "min": 1.3, "max": 1.3}, abs=1e-6)
+
+
+def test_lora_trains_the_adapters_and_the_alphas_and_saves_both(tmp_path):
+    """peft's LoRA on a sparsified model, the alphas in modules_to_save: training moves the
+    adapters and the alphas, and the base model sparsified again with the saved adapter gives
+    back the same alphas and logits."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    tiny_model("llama", "eager").save_pretrained(tmp_path / "base")
+
+    def sparsified_base():
+        base = LlamaForCausalLM.from_pretrained(tmp_path / "base")
+        return sparse_hf.sparsify(base, "alpha_entmax", alpha_init=1.5)
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=[sparse_hf.NORMALIZER_ATTRIBUTE])
+    model = get_peft_model(sparsified_base(), lora).train()
+    trained = sorted(name for name, parameter in model.named_parameters() if parameter.requires_grad)
+    assert any("lora_B" in name for name in trained) and any(name.endswith("alpha_logit") for name in trained)
+    before = [row["alpha"] for row in sparse_hf.alpha_table(model)]
+    lora_before = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_B" in name}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        _causal_lm_loss(model).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    after = [row["alpha"] for row in sparse_hf.alpha_table(model)]
+    assert all(new != old for new, old in zip(after, before))
+    assert all(not torch.equal(p, lora_before[name]) for name, p in model.named_parameters() if "lora_B" in name)
+    model.eval().save_pretrained(tmp_path / "adapter")
+
+    loaded = PeftModel.from_pretrained(sparsified_base(), tmp_path / "adapter").eval()
+    assert sparse_hf.alpha_table(loaded) == sparse_hf.alpha_table(model)
+    inputs, _ = tiny_batch("llama")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, atol=0, rtol=0)

@@ -249,22 +249,19 @@ def _build_normalizers(modules, record):
     return normalizers
 
 
-# The attribute of a sparsified model that lists its (attention_type, layer, normalizer), set when
-# the normalizers are attached: the per-step calls (set_num_updates, the statistics the
-# callback logs) read it instead of walking and inspecting every module of the model.
-_SPARSE_MODULES_ATTRIBUTE = "_sparse_attention_normalizers"
+# The attribute of a sparsified model that lists its (attention_type, layer, attention module)
+# with a normalizer, set when the normalizers are attached: the per-step calls (set_num_updates,
+# the statistics the callback logs) read it instead of walking and inspecting every module.
+_SPARSE_MODULES_ATTRIBUTE = "_sparse_attention_modules"
 
 
 def _attach(model, modules, normalizers, record):
-    setattr(
-        model,
-        _SPARSE_MODULES_ATTRIBUTE,
-        [
-            (attention_type, layer, normalizer)
-            for (attention_type, layer, *_), normalizer in zip(modules, normalizers)
-            if normalizer is not None
-        ],
-    )
+    sparse = [
+        (attention_type, layer, module)
+        for (attention_type, layer, _, module, _), normalizer in zip(modules, normalizers)
+        if normalizer is not None
+    ]
+    setattr(model, _SPARSE_MODULES_ATTRIBUTE, sparse)
     for (_, _, _, module, _), normalizer in zip(modules, normalizers):
         if normalizer is not None:
             setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
@@ -416,8 +413,12 @@ def from_pretrained(model_class, path, **kwargs):
 
 def _sparse_modules(model):
     """(attention_type, layer, normalizer) of each sparsified attention; none for another model.
-    Read through wrappers that forward attributes (peft's PeftModel)."""
-    return getattr(model, _SPARSE_MODULES_ATTRIBUTE, [])
+
+    The normalizer is read from its module at each call: peft's modules_to_save puts a wrapper
+    in its place, whose attributes are those of the copy it trains. The list itself is read
+    through wrappers that forward attributes (peft's PeftModel)."""
+    for attention_type, layer, module in getattr(model, _SPARSE_MODULES_ATTRIBUTE, []):
+        yield attention_type, layer, getattr(module, NORMALIZER_ATTRIBUTE)
 
 
 def set_num_updates(model, num_updates):
