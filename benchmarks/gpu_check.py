@@ -35,10 +35,10 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable
 
 from examples.pipeline.tools import ToolError, run_logged
 

@@ -50,7 +50,7 @@ def test_sparsify_gives_every_attention_its_own_alphas(family):
     model = sparse_hf.sparsify(tiny_model(family, "eager"), "alpha_entmax", alpha_init=1.3)
     modules = sparse_hf.attention_modules(model)
     assert [(attention_type, heads) for attention_type, _, _, _, heads in modules] == ATTENTION[family]
-    assert model.config._attn_implementation == "alpha_entmax"
+    assert model.config._attn_implementation == sparse_hf.SPARSIFIED
     assert model.config.sparse_attention["normalizer"] == "alpha_entmax"
     logits = {name for name, _ in model.named_parameters() if name.endswith("attention_normalizer.alpha_logit")}
     assert len(logits) == len(modules)
@@ -82,7 +82,7 @@ def test_save_and_load_round_trip_exactly(tmp_path, family, name, options):
     loaded = sparse_hf.from_pretrained(type(model), tmp_path)
     assert type(loaded) is type(model)
     assert loaded.config.sparse_attention == model.config.sparse_attention
-    assert loaded.config._attn_implementation == name
+    assert loaded.config._attn_implementation == sparse_hf.SPARSIFIED
     assert sparse_hf.alpha_table(loaded) == sparse_hf.alpha_table(model)
     assert torch.equal(_logits(loaded, family), _logits(model, family))
 
@@ -177,6 +177,13 @@ def test_trainer_callback_follows_the_steps_and_logs_the_alphas(tmp_path):
         ("alpha_entmax", {"alpha_clamp": (1.5, 1.2)}, ValueError, "alpha_clamp: expected MIN,MAX with 1 <= MIN < MAX"),
         ("alpha_entmax", {"alpha_warmup_updates": -1}, ValueError, "alpha_warmup_updates: allowed values are integers"),
         ("alpha_entmax", {"alpha_inti": 1.5}, TypeError, "unknown option alpha_inti; known options: alpha_init"),
+        (
+            {"encoder": "entmax15"},
+            {},
+            ValueError,
+            "unknown attention type 'encoder'; known attention types: encoder_self, decoder_self, cross",
+        ),
+        ({"cross": "entmax2"}, {}, ValueError, "unknown normalizer 'entmax2'; known normalizers: softmax"),
     ],
 )
 def test_bad_sparsify_arguments_are_refused_and_change_nothing(name, options, error, message):
@@ -185,7 +192,7 @@ def test_bad_sparsify_arguments_are_refused_and_change_nothing(name, options, er
     with pytest.raises(error, match=message):
         sparse_hf.sparsify(model, name, **options)
     _assert_same_state(before, _state(model))
-    assert model.config._attn_implementation == "alpha_entmax"
+    assert model.config._attn_implementation == sparse_hf.SPARSIFIED
 
 
 def test_a_model_whose_attention_bypasses_the_interface_is_refused():
@@ -220,14 +227,34 @@ def test_alpha_entmax_needs_sparsify():
         model(**inputs)
 
 
-def test_a_sparsified_attention_refuses_another_implementation():
-    model = sparse_hf.sparsify(tiny_model("llama", "eager"), "topk", topk=2)
-    model.set_attn_implementation("entmax15")
-    inputs, _ = tiny_batch("llama")
-    with pytest.raises(
-        ValueError, match="was sparsified with 'topk' but the model now runs attn_implementation='entmax15'"
-    ):
-        model(**inputs)
+def test_sparsify_chooses_the_normalizer_per_attention_type(tmp_path):
+    """A dict chooses per attention type, as the fairseq layer's --encoder-self-, --decoder-self-
+    and --cross-attention-normalizer do; a type left out runs softmax, as a type given "softmax"
+    does. Each module's normalizer is what runs (the encoder's weights have exact zeros on keys it
+    sees), and the record round-trips through save and load."""
+    from transformers import MarianMTModel
+
+    choice = {"encoder_self": "entmax15", "decoder_self": "alpha_entmax"}
+    model = sparse_hf.sparsify(tiny_model("marian", "eager", init_std=1.0), choice, alpha_init=1.3)
+    explicit = sparse_hf.sparsify(
+        tiny_model("marian", "eager", init_std=1.0), {**choice, "cross": "softmax"}, alpha_init=1.3
+    )
+    rows = sparse_hf.alpha_table(model)
+    assert {(row["attention_type"], row["normalizer"]) for row in rows} == {
+        ("encoder_self", "entmax15"),
+        ("decoder_self", "alpha_entmax"),
+    }
+    assert model.config.sparse_attention["normalizer"] == choice
+    inputs, masks = tiny_batch("marian")
+    outputs = model(**inputs, output_attentions=True)
+    seen = masks["encoder"][:, None, None, :] == 1
+    assert all((weights[seen.expand_as(weights)] == 0).any() for weights in outputs.encoder_attentions)
+    assert torch.equal(_logits(model, "marian"), _logits(explicit, "marian"))
+    model.save_pretrained(tmp_path)
+    loaded = sparse_hf.from_pretrained(MarianMTModel, tmp_path)
+    assert loaded.config.sparse_attention == model.config.sparse_attention
+    assert sparse_hf.alpha_table(loaded) == rows
+    assert torch.equal(_logits(loaded, "marian"), _logits(model, "marian"))
 
 
 def test_set_num_updates_refuses_a_negative_count():

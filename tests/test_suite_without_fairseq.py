@@ -22,6 +22,7 @@ TORCH_ONLY = [
     "test_entmax_dropin.py",
     "test_entmax_package_suite.py",
     "test_huggingface_attention.py",
+    "test_huggingface_finetuning.py",
     "test_huggingface_sparsify.py",
     "test_normalizer_modules.py",
     "test_normalizers_api.py",

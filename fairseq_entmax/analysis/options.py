@@ -6,7 +6,6 @@ these values, so a bad value is refused the same way from both.
 """
 
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -37,15 +36,15 @@ class AnalysisOptions:
     """
 
     subset: str = "valid"
-    user_dir: Optional[str] = None
-    num_sentences: Optional[int] = None
-    max_tokens: Optional[int] = 4000
-    batch_size: Optional[int] = None
-    sentence_id: Optional[int] = 0
+    user_dir: str | None = None
+    num_sentences: int | None = None
+    max_tokens: int | None = 4000
+    batch_size: int | None = None
+    sentence_id: int | None = 0
     positional_threshold: float = 0.9
     bpe_threshold: float = 0.5
     interrogation_threshold: float = 0.5
-    device: Optional[str] = None
+    device: str | None = None
     figures: bool = True
     progress: bool = True
 

@@ -16,7 +16,8 @@ Needs torch only. The loss is an autograd Function that runs the map once and ke
 the backward.
 """
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

@@ -29,6 +29,7 @@ if importlib.util.find_spec("transformers") is None:
 from fairseq_entmax.huggingface.attention import (  # noqa: E402
     ATTENTION_FUNCTIONS,
     NORMALIZER_ATTRIBUTE,
+    SPARSIFIED,
     register_attention_functions,
     sparse_attention_forward,
     sparse_attention_mask,
@@ -50,6 +51,7 @@ __all__ = [
     "ATTENTION_FUNCTIONS",
     "CONFIG_KEY",
     "NORMALIZER_ATTRIBUTE",
+    "SPARSIFIED",
     "AlphaWarmupCallback",
     "alpha_table",
     "attention_modules",

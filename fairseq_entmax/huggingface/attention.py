@@ -22,6 +22,10 @@ from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 # The attribute of an attention module that holds its normalizer (fairseq_entmax.huggingface.sparsify).
 NORMALIZER_ATTRIBUTE = "attention_normalizer"
 
+# The implementation sparsify gives a model: each attention module runs the normalizer it holds,
+# and a module without one (an attention type sparsify left out) the plugin's softmax.
+SPARSIFIED = "sparsified"
+
 # Normalizers that need no state of their own, shared by the attention modules that were not
 # sparsified: one per (name, heads), built on first use with build_normalizer's defaults.
 _SHARED_NORMALIZERS = {}
@@ -46,28 +50,25 @@ def sparse_attention_mask(*args, **kwargs):
 def normalizer_of(module, name, num_heads):
     """The normalizer that the attention function `name` uses for one attention module.
 
+    The module's own normalizer is the one source of truth: the implementation's name only
+    chooses the map of the modules sparsify gave none.
+
     Args:
         module: the attention module transformers passes to the function.
-        name: the attention implementation, one of NORMALIZER_NAMES.
+        name: the attention implementation, SPARSIFIED or one of NORMALIZER_NAMES.
         num_heads: the query heads of this call.
 
     Returns:
         The module's own normalizer (from sparsify), else a shared one of that name with
-        build_normalizer's default options.
+        build_normalizer's default options (softmax for SPARSIFIED).
 
     Raises:
         ValueError: for "alpha_entmax" on a module that sparsify did not give a normalizer
-            (its learned alphas live on the module), and for a module sparsified with
-            another normalizer than the implementation now called or for another number of heads.
+            (its learned alphas live on the module), and for a normalizer built for another
+            number of heads.
     """
     own = getattr(module, NORMALIZER_ATTRIBUTE, None)
     if own is not None:
-        if own.name != name:
-            raise ValueError(
-                f"{type(module).__name__} was sparsified with {own.name!r} but the model now runs "
-                f"attn_implementation={name!r}: call fairseq_entmax.huggingface.sparsify(model, {name!r}, ...) "
-                f"to change the normalizer"
-            )
         if own.num_heads != num_heads:
             raise ValueError(
                 f"{type(module).__name__}: its normalizer is built for {own.num_heads} heads, "
@@ -80,6 +81,8 @@ def normalizer_of(module, name, num_heads):
             "give the model its alphas with fairseq_entmax.huggingface.sparsify(model, 'alpha_entmax', ...) "
             "or load a sparsified model with fairseq_entmax.huggingface.from_pretrained(ModelClass, path)"
         )
+    if name == SPARSIFIED:
+        name = "softmax"
     key = (name, num_heads)
     if key not in _SHARED_NORMALIZERS:
         _SHARED_NORMALIZERS[key] = build_normalizer(name, num_heads)
@@ -144,7 +147,7 @@ def sparse_attention_forward(
     otherwise the scores, the normalizer and the weights are materialized, as eager attention does.
 
     Args:
-        name: one of NORMALIZER_NAMES.
+        name: SPARSIFIED or one of NORMALIZER_NAMES.
         module: the attention module (its `is_causal`, `training` and, after sparsify, its
             normalizer).
         query: (batch, heads, queries, head_dim).
@@ -224,8 +227,8 @@ def _attention_function(name):
     return attention
 
 
-# Every normalizer as an attention implementation: name -> function.
-ATTENTION_FUNCTIONS = {name: _attention_function(name) for name in NORMALIZER_NAMES}
+# Every normalizer as an attention implementation, and SPARSIFIED: name -> function.
+ATTENTION_FUNCTIONS = {name: _attention_function(name) for name in (*NORMALIZER_NAMES, SPARSIFIED)}
 
 
 def register_attention_functions():

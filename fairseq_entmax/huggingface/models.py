@@ -16,9 +16,10 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE
-from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE, SPARSIFIED
+from fairseq_entmax.names import ALPHA_STATISTICS, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
+from fairseq_entmax.normalizers.layers import LearnedAlphaEntmax
 from fairseq_entmax.options import (
     DEFAULTS,
     parse_alpha_clamp,
@@ -30,6 +31,15 @@ from fairseq_entmax.options import (
 
 # The key of model.config (and config.json) that records what sparsify did.
 CONFIG_KEY = "sparse_attention"
+
+# What a sparsified model's config.json gives as its attn_implementation: no attention function
+# has this name, so a plain Model.from_pretrained(path) or AutoModel*.from_pretrained(path), with
+# or without this package imported, stops with transformers' "Specified attn_implementation=...
+# is not supported" error quoting it, instead of building a softmax model that drops the alphas.
+LOAD_HINT = (
+    "sparsified by fairseq_entmax: import fairseq_entmax.huggingface as sparse_hf and load it with "
+    "sparse_hf.from_pretrained(ModelClass, path)"
+)
 
 # sparsify's options, as build_normalizer takes them, with their parsers (fairseq_entmax.options).
 OPTION_PARSERS = {
@@ -83,8 +93,8 @@ def _num_heads(module):
 def _unsupported(model, reason):
     return TypeError(
         f"{type(model).__name__}: {reason}. fairseq_entmax.huggingface supports models whose attention modules "
-        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do from "
-        f"transformers 5.15 on; see https://huggingface.co/docs/transformers/en/attention_interface"
+        f"call transformers' AttentionInterface (ALL_ATTENTION_FUNCTIONS), as {TESTED_FAMILIES} do; "
+        "see https://huggingface.co/docs/transformers/en/attention_interface"
     )
 
 
@@ -141,7 +151,8 @@ def check_options(name, options):
     """The full, checked options of sparsify.
 
     Args:
-        name: the normalizer, one of NORMALIZER_NAMES.
+        name: the normalizer of every attention type, one of NORMALIZER_NAMES, or
+            {attention_type: normalizer} for some of fairseq_entmax.names.ATTENTION_TYPES.
         options: {option: value} for some of OPTION_PARSERS' options (the rest take
             fairseq_entmax.options.DEFAULTS).
 
@@ -150,12 +161,27 @@ def check_options(name, options):
         (alpha_clamp a list), as sparsify records them.
 
     Raises:
-        ValueError: for an unknown normalizer (listing the known ones), a bad value (naming the
-            option and what is allowed), or a numeric alpha_init outside alpha_clamp.
-        TypeError: for an unknown option, listing the known ones.
+        ValueError: for an unknown normalizer or attention type (listing the known ones), a bad
+            value (naming the option and what is allowed), or a numeric alpha_init outside alpha_clamp.
+        TypeError: for an unknown option, listing the known ones, or a name that is neither a
+            string nor a dict.
     """
-    if name not in NORMALIZER_NAMES:
-        raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
+    if isinstance(name, dict):
+        unknown_types = sorted(set(name) - set(ATTENTION_TYPES))
+        if unknown_types:
+            raise ValueError(
+                f"unknown attention type {', '.join(map(repr, unknown_types))}; "
+                f"known attention types: {', '.join(ATTENTION_TYPES)}"
+            )
+        names = list(name.values())
+        name = {attention_type: name[attention_type] for attention_type in ATTENTION_TYPES if attention_type in name}
+    elif isinstance(name, str):
+        names = [name]
+    else:
+        raise TypeError(f"expected a normalizer name or {{attention_type: name}}, got {type(name).__name__}")
+    for each in names:
+        if each not in NORMALIZER_NAMES:
+            raise ValueError(f"unknown normalizer {each!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
     unknown = sorted(set(options) - set(OPTION_PARSERS))
     if unknown:
         raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(OPTION_PARSERS)}")
@@ -177,43 +203,87 @@ def check_options(name, options):
     return record
 
 
+class Float32AlphaEntmax(LearnedAlphaEntmax):
+    """Learned alpha-entmax whose alpha logits stay float32 when the model is cast
+    (`model.to(torch.bfloat16)`, `.half()`): in bfloat16 the small updates of fine-tuning round
+    away, and torch.amp.GradScaler refuses to unscale float16 gradients. The map computes in
+    float32 anyway."""
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.alpha_logit.dtype != torch.float32:
+            self.alpha_logit.data = self.alpha_logit.data.float()
+            if self.alpha_logit.grad is not None:
+                self.alpha_logit.grad = self.alpha_logit.grad.float()
+        return self
+
+
+def _build_normalizer(name, heads, options):
+    if name == "alpha_entmax":
+        return Float32AlphaEntmax(heads, options["alpha_init"], options["alpha_clamp"], options["alpha_warmup_updates"])
+    return build_normalizer(name, heads, **options)
+
+
+def _normalizer_name(record, attention_type):
+    """The normalizer a record gives an attention type, or None for one it leaves softmax."""
+    chosen = record["normalizer"]
+    return chosen if isinstance(chosen, str) else chosen.get(attention_type)
+
+
 def _build_normalizers(modules, record):
+    """One normalizer per module of attention_modules, None where the record names none."""
     options = {option: record[option] for option in OPTION_PARSERS}
     options["alpha_clamp"] = tuple(options["alpha_clamp"])
     normalizers = []
-    for _, _, _, module, heads in modules:
-        normalizer = build_normalizer(record["normalizer"], heads, **options)
+    for attention_type, _, _, module, heads in modules:
+        name = _normalizer_name(record, attention_type)
+        if name is None:
+            normalizers.append(None)
+            continue
+        normalizer = _build_normalizer(name, heads, options)
         parameter = next(module.parameters(), None)
         if parameter is not None:
-            normalizer.to(device=parameter.device, dtype=parameter.dtype)
+            # On the attention's device (also under device_map); the dtype stays float32.
+            normalizer.to(device=parameter.device)
         normalizers.append(normalizer)
     return normalizers
 
 
-def _set_attn_implementation(model, name):
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(name)
-        return
-    # transformers before set_attn_implementation: the implementation each config names.
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            module.config._attn_implementation = name
+# The attribute of a sparsified model that lists its (attention_type, layer, attention module)
+# with a normalizer, set when the normalizers are attached: the per-step calls (set_num_updates,
+# the statistics the callback logs) read it instead of walking and inspecting every module.
+_SPARSE_MODULES_ATTRIBUTE = "_sparse_attention_modules"
 
 
 def _attach(model, modules, normalizers, record):
+    sparse = [
+        (attention_type, layer, module)
+        for (attention_type, layer, _, module, _), normalizer in zip(modules, normalizers)
+        if normalizer is not None
+    ]
+    setattr(model, _SPARSE_MODULES_ATTRIBUTE, sparse)
     for (_, _, _, module, _), normalizer in zip(modules, normalizers):
-        setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
+        if normalizer is not None:
+            setattr(module, NORMALIZER_ATTRIBUTE, normalizer)
+        elif hasattr(module, NORMALIZER_ATTRIBUTE):  # an earlier sparsify's, for a type now left softmax
+            delattr(module, NORMALIZER_ATTRIBUTE)
     setattr(model.config, CONFIG_KEY, dict(record))
+    # Written into config.json by save_pretrained; transformers reads it back as the
+    # implementation to load with (see LOAD_HINT). In memory the model runs config._attn_implementation.
+    model.config.attn_implementation = LOAD_HINT
     set_num_updates(model, record.get("num_updates", 0))
 
 
 def sparsify(model, name, **options):
-    """Give every attention of a model its own normalizer, in place.
+    """Give the attention modules of a model their own normalizers, in place.
 
     Args:
         model: a transformers PreTrainedModel whose attention dispatches through
             AttentionInterface, pretrained or new; an earlier sparsify's normalizers are replaced.
-        name: one of fairseq_entmax.normalizers.NORMALIZER_NAMES.
+        name: one of fairseq_entmax.normalizers.NORMALIZER_NAMES for every attention, or
+            {attention_type: name} per type of fairseq_entmax.names.ATTENTION_TYPES
+            ({"encoder_self": "entmax15", "decoder_self": "alpha_entmax", "cross": "softmax"}):
+            the modules of a type it leaves out get no normalizer and run softmax.
         **options: build_normalizer's options: alpha_init ("random" or a number in (1, 2]),
             alpha_clamp ((MIN, MAX), 1 <= MIN < MAX <= 2), alpha_warmup_updates (N >= 0: each
             head's alpha rises from 1 at update 0 to its learned alpha at update N; follow the
@@ -221,10 +291,11 @@ def sparsify(model, name, **options):
             (F in (0, 1]) and topk_min (>= 1); the options another normalizer has are ignored.
 
     Returns:
-        The model, whose attn_implementation is now `name` and whose config records
-        {"normalizer": name, every option, "num_updates"} under CONFIG_KEY. For
-        "alpha_entmax", each attention module holds `attention_normalizer.alpha_logit`, one
-        learned logit per head, a parameter of the model (in its dtype and on its device).
+        The model, whose attn_implementation is now SPARSIFIED (each module runs the
+        normalizer it holds) and whose config records {"normalizer": name, every option,
+        "num_updates"} under CONFIG_KEY. For "alpha_entmax", each attention module holds
+        `attention_normalizer.alpha_logit`, one learned logit per head, a parameter of the
+        model (float32 whatever the model's dtype, on the attention's device).
 
     Raises:
         ValueError, TypeError: for an unknown name or option, a bad option value (see
@@ -234,7 +305,7 @@ def sparsify(model, name, **options):
     record = check_options(name, options)
     modules = attention_modules(model)
     normalizers = _build_normalizers(modules, record)
-    _set_attn_implementation(model, name)
+    model.set_attn_implementation(SPARSIFIED)
     _attach(model, modules, normalizers, record)
     return model
 
@@ -306,8 +377,8 @@ def from_pretrained(model_class, path, **kwargs):
             f"{path}: not a model that fairseq_entmax.huggingface.sparsify changed (its config has no "
             f"{CONFIG_KEY!r}); load it with {model_class.__name__}.from_pretrained(path) and call sparsify(model, name)"
         )
-    requested = kwargs.pop("attn_implementation", record["normalizer"])
-    if requested != record["normalizer"]:
+    requested = kwargs.pop("attn_implementation", SPARSIFIED)
+    if requested != SPARSIFIED:
         raise ValueError(
             f"{path} was sparsified with {record['normalizer']!r}; attn_implementation={requested!r} would drop it "
             f"(load it, then call sparsify(model, {requested!r}))"
@@ -324,9 +395,7 @@ def from_pretrained(model_class, path, **kwargs):
     # the weights into it; the loaded model is then given back its own class.
     loading = type(concrete.__name__, (concrete,), {"__init__": __init__, "__module__": concrete.__module__})
     loading.__qualname__ = concrete.__qualname__
-    model, info = loading.from_pretrained(
-        path, attn_implementation=record["normalizer"], output_loading_info=True, **kwargs
-    )
+    model, info = loading.from_pretrained(path, attn_implementation=SPARSIFIED, output_loading_info=True, **kwargs)
     model.__class__ = concrete
     lacking = [key for key in info["missing_keys"] if f".{NORMALIZER_ATTRIBUTE}." in f".{key}"]
     if lacking:
@@ -335,7 +404,7 @@ def from_pretrained(model_class, path, **kwargs):
     modules = attention_modules(model)
     fresh = _build_normalizers(modules, record)
     normalizers = [
-        getattr(module, NORMALIZER_ATTRIBUTE) if getattr(module, NORMALIZER_ATTRIBUTE).learns_alpha else new
+        getattr(module, NORMALIZER_ATTRIBUTE) if new is not None and new.learns_alpha else new
         for (_, _, _, module, _), new in zip(modules, fresh)
     ]
     _attach(model, modules, normalizers, record)
@@ -343,10 +412,13 @@ def from_pretrained(model_class, path, **kwargs):
 
 
 def _sparse_modules(model):
-    for attention_type, layer, _, module, _ in attention_modules(model):
-        normalizer = getattr(module, NORMALIZER_ATTRIBUTE, None)
-        if normalizer is not None:
-            yield attention_type, layer, normalizer
+    """(attention_type, layer, normalizer) of each sparsified attention; none for another model.
+
+    The normalizer is read from its module at each call: peft's modules_to_save puts a wrapper
+    in its place, whose attributes are those of the copy it trains. The list itself is read
+    through wrappers that forward attributes (peft's PeftModel)."""
+    for attention_type, layer, module in getattr(model, _SPARSE_MODULES_ATTRIBUTE, []):
+        yield attention_type, layer, getattr(module, NORMALIZER_ATTRIBUTE)
 
 
 def set_num_updates(model, num_updates):
@@ -418,12 +490,12 @@ def learned_alpha_statistics(model):
     for attention_type, _, normalizer in _sparse_modules(model):
         if normalizer.learns_alpha:
             per_type.setdefault(attention_type, []).append(normalizer.head_alpha().detach().float())
-    statistics = {}
-    for attention_type, alphas in per_type.items():
-        values = torch.cat(alphas)
-        statistics[attention_type] = {
-            "mean": values.mean().item(),
-            "min": values.min().item(),
-            "max": values.max().item(),
-        }
-    return statistics
+    if not per_type:
+        return {}
+    # Every statistic of every type computed on the device, then read back in one transfer.
+    rows = torch.stack(
+        [torch.stack([values.mean(), values.min(), values.max()]) for values in map(torch.cat, per_type.values())]
+    )
+    return {
+        attention_type: dict(zip(ALPHA_STATISTICS, row)) for attention_type, row in zip(per_type, rows.cpu().tolist())
+    }
