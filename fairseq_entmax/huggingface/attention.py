@@ -17,7 +17,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from fairseq_entmax.attention import scaled_dot_product_attention
-from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
 
 # The attribute of an attention module that holds its normalizer (fairseq_entmax.huggingface.sparsify).
 NORMALIZER_ATTRIBUTE = "attention_normalizer"
@@ -47,6 +47,19 @@ def sparse_attention_mask(*args, **kwargs):
     return sdpa_mask(*args, **kwargs)
 
 
+def _active_normalizer(own):
+    """The normalizer module that `own` runs: itself, or for a wrapper such as PEFT's
+    modules_to_save (which keeps a trained copy per adapter beside the original), the copy of
+    the active adapter, or the original while adapters are off. The blocked attention needs the
+    module itself, not a wrapper that forwards calls to it."""
+    if isinstance(own, AttentionNormalizer):
+        return own
+    copies, adapters = getattr(own, "modules_to_save", None), getattr(own, "active_adapters", None)
+    if copies is not None and adapters and not getattr(own, "disable_adapters", False) and adapters[0] in copies:
+        return copies[adapters[0]]
+    return getattr(own, "original_module", own)
+
+
 def normalizer_of(module, name, num_heads):
     """The normalizer that the attention function `name` uses for one attention module.
 
@@ -74,7 +87,7 @@ def normalizer_of(module, name, num_heads):
                 f"{type(module).__name__}: its normalizer is built for {own.num_heads} heads, "
                 f"the attention has {num_heads}"
             )
-        return own
+        return _active_normalizer(own)
     if name == "alpha_entmax":
         raise ValueError(
             "attn_implementation='alpha_entmax' learns one alpha per head, kept on each attention module: "
