@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_entmax.attention import scaled_dot_product_attention
+from fairseq_entmax.attention import blocked, scaled_dot_product_attention
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
 
 # batch, heads, key/value heads, queries, keys, head dim: several blocks of 8 queries.
@@ -182,11 +182,11 @@ def test_dropout_is_replayed_in_the_backward():
     assert torch.autograd.gradcheck(attention, inputs, eps=1e-6, atol=1e-7)
     first, again = attention(*inputs), attention(*inputs)
     assert torch.equal(first, again)
-    without = scaled_dot_product_attention(*inputs, normalizer=normalizer, is_causal=True)
+    without = scaled_dot_product_attention(*inputs, normalizer=normalizer, block_queries=2, is_causal=True)
     assert not torch.allclose(first, without)
     draws = torch.stack(
         [
-            scaled_dot_product_attention(*inputs, dropout_p=0.4, normalizer=normalizer, is_causal=True)
+            scaled_dot_product_attention(*inputs, dropout_p=0.4, normalizer=normalizer, block_queries=2, is_causal=True)
             for _ in range(400)
         ]
     )
@@ -240,12 +240,14 @@ def test_half_precision_is_computed_in_float32(name, dtype):
 
 class _LargestTensors(TorchDispatchMode):
     """Records the number of elements of every tensor an aten operation returns, and the scores
-    computed (the elements of the batched products whose last dim is keys)."""
+    computed (the elements of the batched products whose last dim is keys), and the largest of
+    those products."""
 
     def __init__(self):
         super().__init__()
         self.largest = 0
         self.score_elements = 0
+        self.largest_scores = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
@@ -254,23 +256,53 @@ class _LargestTensors(TorchDispatchMode):
                 self.largest = max(self.largest, tensor.numel())
         if func is torch.ops.aten.bmm.default and args[1].shape[-1] != E:  # q @ k^T, not p @ v
             self.score_elements += result.numel()
+            self.largest_scores = max(self.largest_scores, result.numel())
         return result
 
 
 @pytest.mark.parametrize("name", NORMALIZER_NAMES)
 def test_no_tensor_holds_the_score_matrix(name):
-    """Forward and backward at 512 tokens, batch 2: no operation returns a tensor of more than
-    a sixteenth of the (batch x heads, queries, keys) elements."""
+    """Forward and backward at 512 tokens, batch 2, with the default blocks: no operation returns
+    a tensor of more than a sixteenth of the (batch x heads, queries, keys) elements."""
     normalizer = _normalizer(name)
     tokens = 512
     query, key, value = (torch.randn(2, H, tokens, E, requires_grad=True) for _ in range(3))
     with _LargestTensors() as recorder:
-        output = scaled_dot_product_attention(
-            query, key, value, is_causal=True, normalizer=normalizer, block_queries=32
-        )
+        output = scaled_dot_product_attention(query, key, value, is_causal=True, normalizer=normalizer)
         output.sum().backward()
     assert 0 < recorder.largest <= 2 * H * tokens * tokens // 16
     assert query.grad is not None and key.grad is not None and value.grad is not None
+
+
+@pytest.mark.parametrize("case", ["padding", "bias", "gqa"])
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_a_small_call_is_computed_materialized_with_the_same_result(name, case):
+    """A call whose probabilities hold at most MATERIALIZED_PER_INPUT_ELEMENT times the inputs'
+    elements computes its scores in one product (faster there than recomputing them), unless
+    block_queries is given; outputs and gradients equal those of the blocks to 1e-5 of their
+    scale."""
+    normalizer = _normalizer(name)
+    query, key, value, mask, _ = _case(case)
+    assert B * H * L * S <= blocked.MATERIALIZED_PER_INPUT_ELEMENT * (query.numel() + key.numel() + value.numel())
+    inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
+    results = []
+    for block_queries in (None, 8):
+        with _LargestTensors() as recorder:
+            output = scaled_dot_product_attention(
+                query,
+                key,
+                value,
+                attn_mask=mask,
+                enable_gqa=case == "gqa",
+                normalizer=normalizer,
+                block_queries=block_queries,
+            )
+        assert (recorder.largest_scores == B * H * L * S) == (block_queries is None)
+        results.append((output, _gradients(output, inputs)))
+    (small, small_gradients), (blocks, blocks_gradients) = results
+    _assert_relatively_close(small, blocks, 1e-5, "output")
+    for index, (actual, expected) in enumerate(zip(small_gradients, blocks_gradients)):
+        _assert_relatively_close(actual, expected, 1e-5, f"gradient of input {index}")
 
 
 @pytest.mark.parametrize("mask_kind", ["causal", "window"])

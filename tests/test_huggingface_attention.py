@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fairseq_entmax.huggingface as sparse_hf
+from fairseq_entmax.attention import blocked as blocked_attention
 from huggingface_tiny import DECODER_ONLY, ENCODER_DECODERS, FAMILIES, real_queries, seen_keys, tiny_batch, tiny_model
 
 SPARSE = ("sparsemax", "entmax15", "alpha_entmax", "topk")
@@ -172,7 +173,9 @@ def test_every_normalizer_is_registered_with_its_mask():
 @pytest.mark.parametrize("family", ["llama", "t5"])
 def test_the_blocked_path_equals_the_weights_path(family, name, monkeypatch):
     """Without output_attentions the functions run the blocked attention, which never holds the
-    scores; with it, the materialized one. Logits and gradients agree to 1e-5 of their scale."""
+    scores (held to its blocks here however small the call); with it, the materialized one.
+    Logits and gradients agree to 1e-5 of their scale."""
+    monkeypatch.setattr(blocked_attention, "MATERIALIZED_PER_INPUT_ELEMENT", 0)
     blocked_calls = []
     blocked = sparse_hf.attention.scaled_dot_product_attention
 

@@ -23,6 +23,11 @@ from fairseq_entmax.normalizers.recomputable import recomputable_rows
 # (benchmarks/attention.py measures the choice); on an accelerator, where each operation is a
 # kernel launch, larger.
 BLOCK_ELEMENTS = {"cpu": 1 << 20, "accelerator": 1 << 24}
+# A call whose probabilities hold at most this many elements per element of query, key and
+# value is computed materialized (the scores, the normalizer's own autograd, the values), which
+# is faster at those sizes than recomputing in the backward (benchmarks/RESULTS.md, "Blocked
+# attention"), while its memory stays a few times that of the inputs.
+MATERIALIZED_PER_INPUT_ELEMENT = 4
 # The fewest queries a block takes by default before the batch is split instead.
 MIN_BLOCK_QUERIES = 16
 
@@ -220,6 +225,18 @@ class _BlockedAttention(torch.autograd.Function):
         )
 
 
+def _materialized_attention(spec, module, query, key, value):
+    """The attention through autograd in one block, for a call small enough that holding its
+    probabilities costs less than recomputing them."""
+    q4, k4, v4 = _flat_inputs(spec, query, key, value, compute_dtype(query.dtype))
+    scores = spec.block_scores(q4, k4, 0, spec.batch, 0, spec.queries, 0, spec.keys)[2]
+    weights = module(scores.view(spec.batch * spec.heads, spec.queries, spec.keys)).view_as(scores)
+    if spec.dropout_p > 0:
+        weights = torch.nn.functional.dropout(weights, spec.dropout_p)
+    out = torch.bmm(weights, v4.view(spec.batch * spec.kv_heads, spec.keys, -1))
+    return out.view(*spec.batch_shape, spec.heads, spec.queries, -1).to(query.dtype)
+
+
 def _check_tensors(query, key, value):
     for name, tensor in (("query", query), ("key", key), ("value", value)):
         if not torch.is_tensor(tensor):
@@ -367,7 +384,8 @@ def scaled_dot_product_attention(
 
     Neither the forward nor the backward holds the (batch x heads, queries, keys) scores: each
     block of queries is normalised and multiplied by the values, and the backward recomputes its
-    probabilities from three numbers per query row (docs/attention.md).
+    probabilities from three numbers per query row (docs/attention.md). Calls small enough that
+    the scores are within a few times the inputs' size are computed whole (see block_queries).
 
     Args:
         query: (..., heads, queries, dim).
@@ -387,7 +405,10 @@ def scaled_dot_product_attention(
             a LearnedAlphaEntmax whose alphas then get their gradient.
         block_queries: the queries per block; by default as many as keep a block's scores
             within BLOCK_ELEMENTS and half the query's size (at least MIN_BLOCK_QUERIES, the
-            batch split otherwise).
+            batch split otherwise). Given, the call runs in blocks whatever its size; by
+            default a call whose probabilities hold at most MATERIALIZED_PER_INPUT_ELEMENT
+            times the elements of query, key and value is computed in one block through the
+            normalizer's own autograd, which is faster at those sizes.
         **normalizer_options: build_normalizer's options for a normalizer given by name.
 
     Returns:
@@ -422,4 +443,9 @@ def scaled_dot_product_attention(
     spec = _Spec(
         batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
     )
+    small = batch * heads * queries * keys <= MATERIALIZED_PER_INPUT_ELEMENT * (
+        query.numel() + key.numel() + value.numel()
+    )
+    if small and block_queries is None:
+        return _materialized_attention(spec, module, query, key, value)
     return _BlockedAttention.apply(query, key, value, attn_mask, alpha, spec)
