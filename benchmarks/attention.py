@@ -5,6 +5,10 @@ and backward.
 Settings:
   raw    the attention alone: batch 1, 8 heads, head dim 64, float32, random N(0, 1) query, key
          and value, causal or not, the summed output's backward.
+  short  training at translation lengths: raw attention with batch SHORT_BATCH_TOKENS / tokens,
+         the mean of SHORT_PASSES forward and backward passes; besides the function's own
+         choice ("blocked", which computes such small calls whole) its blocks are forced
+         ("blocks", block_queries given): what recomputing the probabilities costs there;
   step   a generation step: one query against keys (batch 4, 8 heads, head dim 64), forward only,
          the mean over STEP_CALLS calls (its peak memory is that of one call);
   llama  a Hugging Face Llama (hidden 256, 8 heads, 2 layers, intermediate 512, vocabulary 1,000),
@@ -15,13 +19,14 @@ normalizer module, times the values; transformers' eager attention with the func
 normalizer, for llama), alpha_entmax with a learned alpha per head (random init), topk with k = 8.
 
 Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the pass once:
-  seconds   the wall time of the forward and backward;
+  seconds   the wall time of the forward and backward (short and step: per pass, per call);
   peak MiB  the peak resident set size (getrusage) minus the resident size just before the pass.
 A process whose pass needs more than --memory-limit GiB of address space is stopped by that
 limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
 
     python -m benchmarks.attention                                  # every setting, 1 thread
     python -m benchmarks.attention --settings raw --tokens 1024 4096 --json out.json
+    python -m benchmarks.attention --settings short --causal full
     python -m benchmarks.attention --device cuda                    # on a GPU (memory: CUDA's peak)
 """
 
@@ -34,9 +39,10 @@ import time
 from benchmarks.fresh_process import call_in_fresh_process
 from fairseq_entmax.names import NORMALIZER_NAMES
 
-SETTINGS = ("raw", "step", "llama")
-DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "step": (64, 256, 1024), "llama": (2048, 8192)}
+SETTINGS = ("raw", "short", "step", "llama")
+DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "short": (32, 128, 512), "step": (64, 256, 1024), "llama": (2048, 8192)}
 STEP_CALLS = 200
+SHORT_BATCH_TOKENS, SHORT_PASSES = 4096, 10
 HEADS, HEAD_DIM = 8, 64
 
 
@@ -48,14 +54,16 @@ def _rss_mib():
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _raw_pass(path, normalizer_name, tokens, causal, device):
+def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1):
     import torch
 
     from fairseq_entmax.attention import scaled_dot_product_attention
     from fairseq_entmax.normalizers import build_normalizer
 
     torch.manual_seed(0)
-    query, key, value = (torch.randn(1, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3))
+    query, key, value = (
+        torch.randn(batch, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3)
+    )
     normalizer = None if path == "sdpa" else build_normalizer(normalizer_name, HEADS).to(device)
 
     def materialized():
@@ -63,19 +71,31 @@ def _raw_pass(path, normalizer_name, tokens, causal, device):
         if causal:
             future = torch.ones(tokens, tokens, dtype=torch.bool, device=device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
-        weights = normalizer(scores.view(HEADS, tokens, tokens)).view_as(scores)
+        weights = normalizer(scores.view(batch * HEADS, tokens, tokens)).view_as(scores)
         return torch.matmul(weights, value)
 
     def run():
-        if path == "sdpa":
-            output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal)
-        elif path == "blocked":
-            output = scaled_dot_product_attention(query, key, value, is_causal=causal, normalizer=normalizer)
-        else:
-            output = materialized()
-        output.sum().backward()
+        for _ in range(passes):
+            if path == "sdpa":
+                output = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=causal)
+            elif path in ("blocked", "blocks"):
+                output = scaled_dot_product_attention(
+                    query,
+                    key,
+                    value,
+                    is_causal=causal,
+                    normalizer=normalizer,
+                    block_queries=tokens if path == "blocks" else None,
+                )
+            else:
+                output = materialized()
+            output.sum().backward()
 
     return run
+
+
+def _short_pass(path, normalizer_name, tokens, causal, device):
+    return _raw_pass(path, normalizer_name, tokens, causal, device, SHORT_BATCH_TOKENS // tokens, SHORT_PASSES)
 
 
 def _step_pass(path, normalizer_name, tokens, causal, device):
@@ -148,7 +168,7 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
     if device == "cpu" and memory_limit_gib:
         limit = int(memory_limit_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    build = {"raw": _raw_pass, "step": _step_pass, "llama": _llama_pass}[setting]
+    build = {"raw": _raw_pass, "short": _short_pass, "step": _step_pass, "llama": _llama_pass}[setting]
     try:
         run = build(path, normalizer_name, tokens, causal, device)
         if device == "cuda":
@@ -161,7 +181,7 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
         run()
         if device == "cuda":
             torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / (STEP_CALLS if setting == "step" else 1)
+        seconds = (time.perf_counter() - start) / {"step": STEP_CALLS, "short": SHORT_PASSES}.get(setting, 1)
     except (MemoryError, RuntimeError) as error:
         if "memory" not in str(error).lower() and not isinstance(error, MemoryError):
             raise
@@ -175,7 +195,8 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
 
 def rows(setting):
     """The (path, normalizer) rows of a setting's table, torch's sdpa first."""
-    return [("sdpa", "softmax")] + [(path, name) for name in NORMALIZER_NAMES for path in ("blocked", "materialized")]
+    paths = ("blocked", "blocks", "materialized") if setting == "short" else ("blocked", "materialized")
+    return [("sdpa", "softmax")] + [(path, name) for name in NORMALIZER_NAMES for path in paths]
 
 
 def build_parser():
@@ -188,7 +209,7 @@ def build_parser():
         "--causal",
         choices=["both", "causal", "full"],
         default="both",
-        help="raw only (llama is causal, a step sees every key)",
+        help="raw and short only (llama is causal, a step sees every key)",
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1)
@@ -222,7 +243,7 @@ def main(argv=None):
     for setting in args.settings:
         shapes = (
             [setting == "llama"]
-            if setting != "raw"
+            if setting not in ("raw", "short")
             else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
         )
         for tokens in args.tokens or DEFAULT_TOKENS[setting]:

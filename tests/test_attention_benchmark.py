@@ -35,3 +35,13 @@ def test_a_pass_beyond_the_memory_limit_is_reported_not_raised():
     """The materialized path at 4,096 tokens holds 8 x 4,096^2 float32 scores (512 MiB) and more."""
     result = call_in_fresh_process(measure, "raw", "materialized", "softmax", 4096, False, "cpu", 1, 1.5)
     assert result == {"refused": "out of memory within 1.5 GiB"}
+
+
+def test_the_short_setting_forces_the_blocks_beside_the_functions_choice():
+    """At translation lengths the function computes a call whole; the "blocks" row measures the
+    blocks (block_queries given) on the same batch."""
+    assert set(rows("short")) == {("sdpa", "softmax")} | {
+        (path, name) for name in NORMALIZER_NAMES for path in ("blocked", "blocks", "materialized")
+    }
+    result = call_in_fresh_process(measure, "short", "blocks", "alpha_entmax", 64, False, "cpu", 1, 4.0)
+    assert result["seconds"] > 0 and result["peak_mib"] >= 0
