@@ -10,22 +10,28 @@ from pathlib import Path
 
 import pytest
 
-# It runs the fast tier of the listed files once more, in a subprocess: about a minute.
+# It runs the fast tier of the files that call each package's code (RUN) once more, and
+# collects the others (their modules imported), in subprocesses: about half a minute.
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parent
 
-# The test files that import neither fairseq nor the fairseq layer of fairseq_entmax.
-TORCH_ONLY = [
+# The test files that import neither fairseq nor the fairseq layer of fairseq_entmax: those that
+# go through each torch-only package's functions (the attention, the drop-in, the Hugging Face
+# integration, the normalizer modules and API, the analysis metrics), run ...
+RUN = [
     "test_analysis_metrics.py",
     "test_attention.py",
     "test_entmax_dropin.py",
-    "test_entmax_package_suite.py",
-    "test_huggingface_attention.py",
     "test_huggingface_finetuning.py",
     "test_huggingface_sparsify.py",
     "test_normalizer_modules.py",
     "test_normalizers_api.py",
+]
+# ... and those that check the numerics of the same functions, collected.
+COLLECTED = [
+    "test_entmax_package_suite.py",
+    "test_huggingface_attention.py",
     "test_normalizers_compile.py",
     "test_normalizers_cuda.py",
     "test_normalizers_entmax_package.py",
@@ -70,22 +76,28 @@ def test_fairseq_cannot_be_imported_in_that_environment(without_fairseq):
     assert "ModuleNotFoundError: No module named 'fairseq'" in proc.stderr
 
 
-def test_the_torch_only_tests_pass_without_fairseq(without_fairseq, tmp_path):
-    """Every listed file is collected (its module imported) and its fast tier runs: the slow
-    tier, compilation and fresh processes, would double their cost in the suite."""
-    junit = tmp_path / "torch-only.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "-m", "not slow"]
-        + ["--junitxml", str(junit)]
-        + [str(TESTS / name) for name in TORCH_ONLY],
+def _pytest(arguments, without_fairseq):
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE"] + arguments,
         cwd=TESTS.parent,
         env=without_fairseq,
         capture_output=True,
         text=True,
         timeout=1800,
     )
+
+
+def test_the_torch_only_tests_pass_without_fairseq(without_fairseq, tmp_path):
+    """Every listed file is collected (its module imported) and the fast tier of RUN passes:
+    the slow tier, compilation and fresh processes, would double their cost in the suite."""
+    junit = tmp_path / "torch-only.xml"
+    proc = _pytest(["-m", "not slow", "--junitxml", str(junit)] + [str(TESTS / name) for name in RUN], without_fairseq)
     # 0: every file collected and every selected test passed (a collection error gives 2).
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
     suite = ElementTree.parse(junit).getroot().find("testsuite")
     assert int(suite.get("failures")) == 0 and int(suite.get("errors")) == 0
     assert int(suite.get("tests")) > int(suite.get("skipped")) + 100, "tests ran, not only skips"
+    collected = _pytest(["--collect-only"] + [str(TESTS / name) for name in COLLECTED], without_fairseq)
+    assert collected.returncode == 0, collected.stdout[-5000:] + collected.stderr[-2000:]
+    for name in COLLECTED:
+        assert f"{name}::" in collected.stdout or f"<Module {name}>" in collected.stdout, name
