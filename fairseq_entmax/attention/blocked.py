@@ -112,7 +112,7 @@ class _Spec:
         self.blocks = blocks
         # Drawn from torch's default generator, so that torch.manual_seed fixes the dropout; each
         # block's keep mask comes from its own generator, seeded from it, forward and backward.
-        self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 else None
+        self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 and blocks else None
 
     def dropout_keep(self, index, like):
         """The scaled keep mask (0 or 1 / (1 - p)) of block `index`, shaped like `like`."""
@@ -439,13 +439,13 @@ def scaled_dot_product_attention(
     rows, alpha = recomputable_rows(module)
     batch = math.prod(batch_shape)
     mask = None if attn_mask is None else _Mask(attn_mask, batch_shape, batch)
-    blocks = _blocks((batch, heads, queries, keys), dim, mask, is_causal, query.device, block_queries)
+    small = block_queries is None and batch * heads * queries * keys <= MATERIALIZED_PER_INPUT_ELEMENT * (
+        query.numel() + key.numel() + value.numel()
+    )
+    blocks = [] if small else _blocks((batch, heads, queries, keys), dim, mask, is_causal, query.device, block_queries)
     spec = _Spec(
         batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
     )
-    small = batch * heads * queries * keys <= MATERIALIZED_PER_INPUT_ELEMENT * (
-        query.numel() + key.numel() + value.numel()
-    )
-    if small and block_queries is None:
+    if small:
         return _materialized_attention(spec, module, query, key, value)
     return _BlockedAttention.apply(query, key, value, attn_mask, alpha, spec)
