@@ -156,8 +156,9 @@ class LearnedAlphaEntmax(AttentionNormalizer):
         self.init = init
         self.clamp = (float(clamp[0]), float(clamp[1]))
         self.warmup_updates = warmup_updates
-        # How far each head's alpha is from 1 towards its learned alpha (set_num_updates).
-        self.warmup_fraction = 1.0
+        # How far each head's alpha is from 1 towards its learned alpha (set_num_updates): a
+        # tensor, so that torch.compile reads its value instead of specialising on each.
+        self.register_buffer("warmup_fraction", torch.ones(()), persistent=False)
         if init == "random":
             initial = torch.randn(num_heads)
         else:
@@ -192,9 +193,16 @@ class LearnedAlphaEntmax(AttentionNormalizer):
                 ", ".join(f"{alpha:.7g}" for alpha in self.learned_alpha().tolist()),
             )
 
+    def _apply(self, fn, recurse=True):
+        """nn.Module's, except that the warm-up position stays float32 when the module is cast."""
+        super()._apply(fn, recurse)
+        if self.warmup_fraction.dtype != torch.float32:
+            self.warmup_fraction = self.warmup_fraction.float()
+        return self
+
     def set_num_updates(self, num_updates):
         if self.warmup_updates:
-            self.warmup_fraction = min(1.0, num_updates / self.warmup_updates)
+            self.warmup_fraction.fill_(min(1.0, num_updates / self.warmup_updates))
 
     def learned_alpha(self):
         """The clamped 1 + sigmoid(alpha_logit) of each head, before any warm-up."""
@@ -203,8 +211,9 @@ class LearnedAlphaEntmax(AttentionNormalizer):
 
     def head_alpha(self):
         alpha = self.learned_alpha()
-        if self.warmup_fraction < 1.0:
-            alpha = 1.0 + self.warmup_fraction * (alpha - 1.0)
+        if self.warmup_updates:
+            # lerp is exact at both ends: 1 at the start, the learned alpha once warmed up.
+            alpha = torch.lerp(torch.ones_like(alpha), alpha, self.warmup_fraction)
         return alpha
 
     def forward(self, scores):
