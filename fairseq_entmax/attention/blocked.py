@@ -27,7 +27,7 @@ BLOCK_ELEMENTS = {"cpu": 1 << 20, "accelerator": 1 << 24}
 # value is computed materialized (the scores, the normalizer's own autograd, the values), which
 # is faster at those sizes than recomputing in the backward (benchmarks/RESULTS.md, "Blocked
 # attention"), while its memory stays a few times that of the inputs.
-MATERIALIZED_PER_INPUT_ELEMENT = 4
+MATERIALIZED_PER_INPUT_ELEMENT = 1
 # The fewest queries a block takes by default before the batch is split instead.
 MIN_BLOCK_QUERIES = 16
 
