@@ -209,13 +209,7 @@ class Float32AlphaEntmax(LearnedAlphaEntmax):
     away, and torch.amp.GradScaler refuses to unscale float16 gradients. The map computes in
     float32 anyway."""
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        if self.alpha_logit.dtype != torch.float32:
-            self.alpha_logit.data = self.alpha_logit.data.float()
-            if self.alpha_logit.grad is not None:
-                self.alpha_logit.grad = self.alpha_logit.grad.float()
-        return self
+    float32_tensors = (*LearnedAlphaEntmax.float32_tensors, "alpha_logit")
 
 
 def _build_normalizer(name, heads, options):

@@ -193,11 +193,18 @@ class LearnedAlphaEntmax(AttentionNormalizer):
                 ", ".join(f"{alpha:.7g}" for alpha in self.learned_alpha().tolist()),
             )
 
+    # The tensors that stay float32 when the module is cast (.half(), .to(torch.bfloat16)).
+    float32_tensors = ("warmup_fraction",)
+
     def _apply(self, fn, recurse=True):
-        """nn.Module's, except that the warm-up position stays float32 when the module is cast."""
+        """nn.Module's, except that the tensors of float32_tensors (and their gradients) stay float32."""
         super()._apply(fn, recurse)
-        if self.warmup_fraction.dtype != torch.float32:
-            self.warmup_fraction = self.warmup_fraction.float()
+        for name in self.float32_tensors:
+            tensor = getattr(self, name)
+            if tensor.dtype != torch.float32:
+                tensor.data = tensor.data.float()
+                if tensor.grad is not None:
+                    tensor.grad = tensor.grad.float()
         return self
 
     def set_num_updates(self, num_updates):
