@@ -5,7 +5,8 @@ Fixtures for other test files:
 - `tiny_data`: TinyData(raw_dir, data_bin) from helpers.write_tiny_corpus + preprocess
   (source language "src", target "tgt", joined dictionary).
 - `trained_model`: a factory, `trained_model(normalizer)` -> TrainedModel(checkpoint,
-  data_bin, save_dir, train_log, normalizer), trained once per session and normalizer.
+  data_bin, save_dir, train_log, normalizer), trained once per test run and normalizer
+  (pytest-xdist's workers share them).
 - `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
   for tests that train a variant themselves.
 - `fairseq_plugin`: fairseq in this process with the plugin loaded, as `--user-dir` leaves it,
@@ -18,9 +19,11 @@ that needs what a machine may lack skips without it, and fails without it under 
 """
 
 import os
+import shutil
 from collections import namedtuple
 
 import pytest
+from filelock import FileLock
 
 from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
 
@@ -60,12 +63,41 @@ def fairseq_plugin():
     return plugin
 
 
+def _made_once(tmp_path_factory, name, make):
+    """A directory made once per test run, shared by pytest-xdist's workers: the first to ask
+    runs `make(directory)` while the others wait on its lock, so a fixture's fairseq commands
+    (seconds each) do not run again on every worker.
+
+    Args:
+        tmp_path_factory: pytest's, for the run's temporary root.
+        name: the directory's name there.
+        make: function(directory) -> str, the text kept beside what it made.
+
+    Returns:
+        (directory, the text `make` returned).
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's root, above each worker's own
+    directory, made = root / name, root / f"{name}.made"
+    with FileLock(root / f"{name}.lock"):
+        if not made.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            made.write_text(make(directory), encoding="utf-8")
+    return directory, made.read_text(encoding="utf-8")
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    """The tiny corpus, raw and binarized (fairseq-preprocess), made once per session."""
-    root = tmp_path_factory.mktemp("tiny_data")
-    raw = write_tiny_corpus(root / "raw")
-    return TinyData(raw, preprocess(raw, root / "data-bin"))
+    """The tiny corpus, raw and binarized (fairseq-preprocess), made once per test run."""
+
+    def make(root):
+        preprocess(write_tiny_corpus(root / "raw"), root / "data-bin")
+        return ""
+
+    root, _ = _made_once(tmp_path_factory, "tiny_data", make)
+    return TinyData(root / "raw", root / "data-bin")
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +111,7 @@ def trained_model(tiny_data, tmp_path_factory):
     """Factory: `trained_model(normalizer)` trains a tiny adaptively_sparse_transformer with
     `--attention-normalizer normalizer` in all attention (one of "softmax", "sparsemax",
     "entmax15", "alpha_entmax" (learned alpha), "topk" (k = 3)) for 200 updates through
-    fairseq-train --user-dir fairseq_entmax, once per session, and returns
+    fairseq-train --user-dir fairseq_entmax, once per test run, and returns
     TrainedModel(checkpoint=path of checkpoint_last.pt, data_bin, save_dir,
     train_log=fairseq-train's output (json log lines), normalizer).
     """
@@ -87,22 +119,21 @@ def trained_model(tiny_data, tmp_path_factory):
 
     def train(normalizer):
         if normalizer not in trained:
-            save_dir = tmp_path_factory.mktemp(f"trained_{normalizer}")
-            proc = train_tiny(
-                tiny_data.data_bin,
-                save_dir,
-                "--attention-normalizer",
-                normalizer,
-                *NORMALIZER_ARGS.get(normalizer, []),
-                "--max-update",
-                str(TINY_MAX_UPDATE),
-            )
+
+            def make(save_dir):
+                return train_tiny(
+                    tiny_data.data_bin,
+                    save_dir,
+                    "--attention-normalizer",
+                    normalizer,
+                    *NORMALIZER_ARGS.get(normalizer, []),
+                    "--max-update",
+                    str(TINY_MAX_UPDATE),
+                ).log
+
+            save_dir, log = _made_once(tmp_path_factory, f"trained_{normalizer}", make)
             trained[normalizer] = TrainedModel(
-                save_dir / "checkpoint_last.pt",
-                tiny_data.data_bin,
-                save_dir,
-                proc.log,
-                normalizer,
+                save_dir / "checkpoint_last.pt", tiny_data.data_bin, save_dir, log, normalizer
             )
         return trained[normalizer]
 
