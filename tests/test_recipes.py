@@ -589,45 +589,43 @@ def test_tokenized_bleu_does_not_split_hyphens():
 
 @needs_shared_data
 @pytest.mark.parametrize(
-    "task,src,tgt,stem",
-    [
-        ("kftt", "ja", "en", "kftt_dev_test/test"),
-        ("wmt16", "ro", "en", "wmt_testsets/newstest2016"),
-        ("wmt14", "en", "de", "wmt_testsets/newstest2014"),
-    ],
+    "task,src,tgt,data_only",
+    [("kftt", "ja", "en", True), ("wmt16", "ro", "en", True), ("wmt14", "en", "de", False)],
 )
-def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, stem):
-    """Each task's data path through every stage but the analysis (iwslt17 runs it in full
-    above): its shared text prepared, tokenised, BPE'd, binarised, a model trained a few updates,
-    the test set translated and scored."""
+def test_smoke_mode_of_every_task_runs_end_to_end(tmp_path, task, src, tgt, data_only):
+    """Each task's data path (iwslt17 runs every stage in full above): its shared text prepared,
+    tokenised, BPE'd and binarised, with --data-only stopping there; without it (wmt14, a German
+    target) a model trained a few updates and the test set translated and scored."""
     work = tmp_path / "work"
-    run(
-        [
-            *RECIPE,
-            task,
-            "--smoke",
-            "--work-dir",
-            work,
-            "--models",
-            "alpha_entmax",
-            "--max-update",
-            "6",
-            "--skip-analysis",
-        ],
+    proc = run(
+        [*RECIPE, task, "--smoke", "--work-dir", work, "--models", "alpha_entmax", "--max-update", "6"]
+        + ["--skip-analysis", *(["--data-only"] if data_only else [])],
         timeout=900,
         cwd=REPO,
     )
-    [row] = json.loads((work / "results-seed1.json").read_text())
-    assert row["model"] == "alpha_entmax" and row["selection"] == "best"
     test_lines = corpus.read_lines(work / "raw" / f"test.{tgt}")
     assert len(test_lines) == 200 and len(corpus.read_lines(work / "raw" / f"test.{src}")) == 200
-    assert len(corpus.read_lines(work / "eval" / "alpha_entmax-seed1-best" / "test.hyp")) == 200
-    assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["chrf"] <= 100
     assert (work / "data-bin" / f"dict.{src}.txt").read_text() == (work / "data-bin" / f"dict.{tgt}.txt").read_text()
+    assert (work / "data-bin" / f"test.{src}-{tgt}.{tgt}.bin").stat().st_size > 0
+    if data_only:
+        assert f"data-bin ready: {work / 'data-bin'}" in proc.stdout
+        assert not (work / "models").exists() and not list(work.glob("results*"))
+    else:
+        [row] = json.loads((work / "results-seed1.json").read_text())
+        assert row["model"] == "alpha_entmax" and row["selection"] == "best"
+        assert len(corpus.read_lines(work / "eval" / "alpha_entmax-seed1-best" / "test.hyp")) == 200
+        assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["chrf"] <= 100
     if task == "wmt16":
         # The Romanian side is normalised as wmt16-scripts do: no diacritics left.
         romanian = "".join(corpus.read_lines(work / "raw" / "train.ro"))
         assert romanian and not set("ăâîșțşţĂÂÎȘȚŞŢ") & set(romanian)
+
+
+def test_dry_run_of_data_only_stops_after_binarize(tmp_path):
+    output = _dry_run("wmt14", "--data-only", "--work-dir", tmp_path / "work").stdout
+    assert len(_commands(output, "fairseq-preprocess")) == 1
+    assert not _commands(output, "fairseq-train") and not _commands(output, "fairseq-generate")
+    assert not _commands(output, "fairseq-entmax-analyze")
 
 
 # --------------------------------------------------------------------------- IWSLT14 de-en (Zhao et al.)

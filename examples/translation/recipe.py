@@ -133,6 +133,11 @@ def _parser():
         help="validation sentences the attention analysis runs over (default: all; 100 with --smoke)",
     )
     parser.add_argument("--skip-analysis", action="store_true", help="no fairseq-entmax-analyze stage")
+    parser.add_argument(
+        "--data-only",
+        action="store_true",
+        help="prepare, tokenize, bpe and binarize, then stop: the data-bin to train from, made without a GPU",
+    )
     return parser
 
 
@@ -187,7 +192,7 @@ def main(argv=None):
 def devices(args):
     """Where to train. The full recipe trains Transformer base for 100k+ updates: on a CPU that
     is weeks, so without CUDA it stops before any download unless --cpu insists. --smoke is made
-    for the CPU.
+    for the CPU, and --data-only trains nothing.
 
     Args:
         args: the command line.
@@ -203,7 +208,7 @@ def devices(args):
     import torch
 
     gpus = torch.cuda.device_count()
-    if args.smoke:
+    if args.smoke or args.data_only:
         return max(gpus, 1), gpus == 0
     if gpus == 0 and not args.cpu:
         raise PipelineError(
@@ -497,6 +502,8 @@ def walk(args, plan):
     """
     yield from prepare_steps(args, plan)
     yield from dataset_steps(args, plan)
+    if args.data_only:
+        return
     models = [(seed, variant) for seed in args.seed for variant in args.models]
     for i, (seed, variant) in enumerate(models, 1):
         label = f"{variant}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
@@ -547,6 +554,9 @@ def run(args):
     for step in walk(args, plan):
         if step.action:
             step.action()
+    if args.data_only:
+        log(f"data-bin ready: {plan.layout.data_bin}; the same command without --data-only trains from it")
+        return
     write_results(args, plan, started)
 
 
