@@ -6,55 +6,61 @@ fairseq's parser, its architectures fill their defaults, and the layers build ea
 normalizer from them (build_attention_normalizer); the entmax_loss criterion parses its own
 options with the same parsers. This module needs neither fairseq nor a model.
 
-The parsers raise argparse.ArgumentTypeError, so a bad value stops fairseq-train/-generate at
-argument parsing with "argument --OPTION: <message>".
+The parsers are the checks of fairseq_entmax.normalizers.config (NormalizerConfig's) raising
+argparse.ArgumentTypeError, so a bad value stops fairseq-train/-generate at argument parsing
+with "argument --OPTION: <message>".
 """
 
 import argparse
-import math
 
 from fairseq_entmax.names import ATTENTION_TITLES, ATTENTION_TYPES
-from fairseq_entmax.normalizers import NORMALIZER_NAMES, build_normalizer
+from fairseq_entmax.normalizers import NORMALIZER_NAMES, NormalizerConfig, build_normalizer
+from fairseq_entmax.normalizers.config import CHECKS as NORMALIZER_CHECKS
+from fairseq_entmax.normalizers.config import DEFAULTS as NORMALIZER_DEFAULTS
+from fairseq_entmax.normalizers.config import (
+    check_alpha_clamp,
+    check_alpha_init,
+    check_alpha_warmup_updates,
+    check_number_in_interval,
+    check_topk,
+    check_topk_fraction,
+)
 
-# The default of every option but --attention-normalizer, whose default is the architecture's.
-# Only an absent (None) option takes its default (see sparse_attention_defaults).
-DEFAULTS = {
-    "alpha_init": "random",
-    "alpha_clamp": (1.01, 2.0),
-    "alpha_warmup_updates": 0,
-    "topk": 8,
-    "topk_fraction": None,
-    "topk_min": 1,
-    "compile_normalizers": False,
-}
+# The default of every option but --attention-normalizer, whose default is the architecture's:
+# the normalizers' own (NormalizerConfig), and compilation off. Only an absent (None) option
+# takes its default (see sparse_attention_defaults).
+DEFAULTS = {**NORMALIZER_DEFAULTS, "compile_normalizers": False}
+
+
+def _argument_type(check, name):
+    """An argparse type from a check of fairseq_entmax.normalizers.config: its ValueError
+    becomes argparse's error, "argument --OPTION: <what is allowed>"."""
+
+    def parse(text):
+        try:
+            return check(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = parse.__qualname__ = name
+    parse.__doc__ = f"argparse type of {check.__name__}: {check.__doc__.splitlines()[0]}"
+    return parse
+
+
+parse_alpha_init = _argument_type(check_alpha_init, "parse_alpha_init")
+parse_alpha_clamp = _argument_type(check_alpha_clamp, "parse_alpha_clamp")
+parse_alpha_warmup_updates = _argument_type(check_alpha_warmup_updates, "parse_alpha_warmup_updates")
+parse_topk = _argument_type(check_topk, "parse_topk")
+parse_topk_fraction = _argument_type(check_topk_fraction, "parse_topk_fraction")
 
 
 def parse_number_in_interval(text, low, high, *, low_open=False, high_open=False):
-    """Parse a number in an interval, e.g. (0, 1] with low_open=True.
-
-    Args:
-        text: the number or its text.
-        low, high: the interval's ends, written as given in the error message (0, not 0.0).
-        low_open, high_open: whether the interval leaves out that end (closed by default).
-
-    Returns:
-        The number as a float.
-
-    Raises:
-        argparse.ArgumentTypeError: for text that is not a number in the interval (NaN and
-            infinities included), saying what is allowed, e.g.
-            "allowed values are numbers in (0, 1], got '1.5'".
-    """
+    """check_number_in_interval as an argparse type (its arguments), raising
+    argparse.ArgumentTypeError."""
     try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    above_low = low < value if low_open else low <= value
-    below_high = value < high if high_open else value <= high
-    if not (above_low and below_high):
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise argparse.ArgumentTypeError(f"allowed values are numbers in {interval}, got {text!r}")
-    return value
+        return check_number_in_interval(text, low, high, low_open=low_open, high_open=high_open)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def normalizer_option(attention_type):
@@ -67,111 +73,6 @@ def normalizer_option(attention_type):
         e.g. "encoder_self_attention_normalizer" (the option --encoder-self-attention-normalizer).
     """
     return f"{attention_type}_attention_normalizer"
-
-
-def parse_alpha_init(text):
-    """Parse --alpha-init.
-
-    Args:
-        text: "random" (alpha = 1 + sigmoid(a) with a ~ N(0, 1)) or the alpha every head
-            starts at, a number in (1, 2] (a number or its text).
-
-    Returns:
-        "random" or the alpha as a float.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, saying what is allowed.
-    """
-    if str(text).strip().lower() == "random":
-        return "random"
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 1.0 < value <= 2.0:
-        raise argparse.ArgumentTypeError(f"allowed values are 'random' or a number in (1, 2], got {text!r}")
-    return value
-
-
-def parse_alpha_clamp(text):
-    """Parse --alpha-clamp.
-
-    Args:
-        text: "MIN,MAX", or a (MIN, MAX) pair as a checkpoint's config holds it, with
-            1 <= MIN < MAX <= 2.
-
-    Returns:
-        (MIN, MAX) as floats.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, saying what is allowed.
-    """
-    if isinstance(text, (tuple, list)):
-        parts = list(text)
-    else:
-        parts = str(text).split(",")
-    try:
-        low, high = (float(p) for p in parts)
-    except ValueError:
-        low = high = math.nan
-    if not 1.0 <= low < high <= 2.0:
-        raise argparse.ArgumentTypeError(f"expected MIN,MAX with 1 <= MIN < MAX <= 2 (default 1.01,2), got {text!r}")
-    return (low, high)
-
-
-def parse_alpha_warmup_updates(text):
-    """Parse --alpha-warmup-updates.
-
-    Args:
-        text: an integer >= 0 (an int or its text).
-
-    Returns:
-        The integer.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, saying what is allowed.
-    """
-    return _parse_integer(text, minimum=0)
-
-
-def parse_topk(text):
-    """Parse --topk and --topk-min.
-
-    Args:
-        text: an integer >= 1 (an int or its text).
-
-    Returns:
-        The integer.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, saying what is allowed.
-    """
-    return _parse_integer(text, minimum=1)
-
-
-def _parse_integer(text, minimum):
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        value = minimum - 1
-    if value < minimum or str(value) != str(text).strip():
-        raise argparse.ArgumentTypeError(f"allowed values are integers >= {minimum}, got {text!r}")
-    return value
-
-
-def parse_topk_fraction(text):
-    """Parse --topk-fraction.
-
-    Args:
-        text: a number in (0, 1] (a number or its text).
-
-    Returns:
-        The number as a float.
-
-    Raises:
-        argparse.ArgumentTypeError: for anything else, saying what is allowed.
-    """
-    return parse_number_in_interval(text, 0, 1, low_open=True)
 
 
 def add_sparse_attention_args(parser):
@@ -284,27 +185,24 @@ def validate_sparse_attention_args(args):
                 f"--{name.replace('_', '-')}: unknown normalizer {value!r}; "
                 f"allowed values: {', '.join(NORMALIZER_NAMES)}"
             )
+    for name, check in NORMALIZER_CHECKS.items():
+        try:
+            setattr(args, name, check(getattr(args, name)))
+        except ValueError as error:
+            raise ValueError(f"invalid sparse attention option --{name.replace('_', '-')}: {error}") from None
     try:
-        args.alpha_init = parse_alpha_init(args.alpha_init)
-        args.alpha_clamp = parse_alpha_clamp(args.alpha_clamp)
-        args.alpha_warmup_updates = parse_alpha_warmup_updates(args.alpha_warmup_updates)
-        args.topk = parse_topk(args.topk)
-        args.topk_min = parse_topk(args.topk_min)
-        if args.topk_fraction is not None:
-            args.topk_fraction = parse_topk_fraction(args.topk_fraction)
-    except argparse.ArgumentTypeError as error:
-        raise ValueError(f"invalid sparse attention option: {error}") from None
-    low, high = args.alpha_clamp
-    if args.alpha_init != "random" and not low <= args.alpha_init <= high:
-        # Outside the clamp, alpha is the bound and the clamp passes no gradient: every head
-        # would keep that alpha for the whole training.
+        NormalizerConfig(**{name: getattr(args, name) for name in NORMALIZER_CHECKS})
+    except ValueError:
+        # Each value is valid: what is left is an --alpha-init outside --alpha-clamp, where
+        # alpha is the bound and the clamp passes no gradient.
+        low, high = args.alpha_clamp
         raise ValueError(
             f"--alpha-init {args.alpha_init} is outside --alpha-clamp {low},{high}: every head "
             f"would start at the bound and never learn its alpha; choose an --alpha-init in "
             f"[{low}, {high}]. (Loading a trained model with another clamp, e.g. through "
             f"--model-overrides, override alpha_init too, e.g. 'alpha_init': 'random': it only "
             f"set the starting alphas, which the checkpoint replaces.)"
-        )
+        ) from None
 
 
 def build_attention_normalizer(cfg, attention_type, num_heads):
@@ -320,14 +218,5 @@ def build_attention_normalizer(cfg, attention_type, num_heads):
         The AttentionNormalizer of the type's own normalizer, else of --attention-normalizer.
     """
     name = getattr(cfg, normalizer_option(attention_type), None) or cfg.attention_normalizer
-    return build_normalizer(
-        name,
-        num_heads,
-        alpha_init=cfg.alpha_init,
-        alpha_clamp=cfg.alpha_clamp,
-        alpha_warmup_updates=cfg.alpha_warmup_updates,
-        topk=cfg.topk,
-        topk_fraction=cfg.topk_fraction,
-        topk_min=cfg.topk_min,
-        compile_function=cfg.compile_normalizers,
-    )
+    options = {option: getattr(cfg, option) for option in NormalizerConfig.option_names()}
+    return build_normalizer(name, num_heads, compile_function=cfg.compile_normalizers, **options)

@@ -20,7 +20,7 @@ WINDOW = 6
 def _normalizer(name, heads=H):
     torch.manual_seed(5)
     if name == "alpha_entmax":
-        return build_normalizer(name, heads, alpha_init="random", alpha_clamp=(1.01, 2.5))
+        return build_normalizer(name, heads, alpha_init="random")
     return build_normalizer(name, heads, topk=5)
 
 

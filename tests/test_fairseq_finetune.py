@@ -230,5 +230,6 @@ def test_a_bad_alpha_warmup_is_refused_at_parsing_and_in_a_config(tmp_path, caps
     )
     config = argparse.Namespace(alpha_warmup_updates=value)
     sparse_attention_defaults(config, "alpha_entmax")
-    with pytest.raises(ValueError, match="invalid sparse attention option: allowed values are integers >= 0"):
+    refusal = "invalid sparse attention option --alpha-warmup-updates: allowed values are integers >= 0"
+    with pytest.raises(ValueError, match=refusal):
         validate_sparse_attention_args(config)

@@ -13,6 +13,7 @@ from fairseq_entmax.names import NORMALIZER_LABELS
 from fairseq_entmax.normalizers import (
     NORMALIZER_NAMES,
     LearnedAlphaEntmax,
+    NormalizerConfig,
     alpha_entmax,
     build_normalizer,
     entmax15,
@@ -129,3 +130,42 @@ def test_learned_alpha_loads_its_alphas_or_keeps_its_init_when_the_state_has_non
     ]
     with pytest.raises(RuntimeError, match="Unexpected key"):
         fresh.load_state_dict({"normalizer.other": torch.zeros(1)})
+
+
+@pytest.mark.parametrize(
+    "name, options, error, message",
+    [
+        (
+            "alpha_entmax",
+            {"alpha_init": 7},
+            ValueError,
+            r"alpha_init: allowed values are 'random' or a number in \(1, 2\]",
+        ),
+        ("alpha_entmax", {"alpha_clamp": (1.5, 1.2)}, ValueError, "alpha_clamp: expected MIN,MAX with 1 <= MIN < MAX"),
+        ("alpha_entmax", {"alpha_init": 1.9, "alpha_clamp": (1.01, 1.5)}, ValueError, "outside alpha_clamp"),
+        (
+            "alpha_entmax",
+            {"alpha_warmup_updates": 2.5},
+            ValueError,
+            "alpha_warmup_updates: allowed values are integers",
+        ),
+        ("topk", {"topk": 0}, ValueError, "topk: allowed values are integers >= 1, got 0"),
+        ("topk", {"topk_fraction": 1.5}, ValueError, r"topk_fraction: allowed values are numbers in \(0, 1\]"),
+        # An option is checked whichever map is built, so a typo is never silently ignored.
+        ("softmax", {"topk_min": 0}, ValueError, "topk_min: allowed values are integers >= 1"),
+        ("entmax15", {"alpha": 1.5}, TypeError, "unknown option alpha; known options: alpha_init, alpha_clamp"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option_and_what_is_allowed(name, options, error, message):
+    with pytest.raises(error, match=message):
+        build_normalizer(name, HEADS, **options)
+
+
+def test_the_config_normalises_what_the_command_line_and_a_checkpoint_give():
+    """Text as fairseq's parser passes it, a list as a loaded config holds it: the same options."""
+    given = NormalizerConfig(alpha_init="1.5", alpha_clamp="1.1,1.8", alpha_warmup_updates="10", topk="3")
+    loaded = NormalizerConfig(alpha_init=1.5, alpha_clamp=[1.1, 1.8], alpha_warmup_updates=10, topk=3)
+    assert given == loaded and given.alpha_clamp == (1.1, 1.8) and isinstance(given.alpha_warmup_updates, int)
+    assert NormalizerConfig(alpha_init="Random").alpha_init == "random"
+    module = build_normalizer("alpha_entmax", HEADS, alpha_init="1.5", alpha_clamp="1.1,1.8")
+    assert module.clamp == (1.1, 1.8) and torch.allclose(module.head_alpha(), torch.full((HEADS,), 1.5))

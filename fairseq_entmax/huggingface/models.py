@@ -8,7 +8,7 @@ model back: it adds the normalizers before transformers loads the weights, so th
 alphas load with the rest.
 """
 
-import argparse
+import dataclasses
 import inspect
 import os
 
@@ -19,15 +19,8 @@ from transformers import AutoConfig, PreTrainedModel
 from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE, SPARSIFIED
 from fairseq_entmax.names import ALPHA_STATISTICS, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
+from fairseq_entmax.normalizers.config import NormalizerConfig, check_alpha_warmup_updates
 from fairseq_entmax.normalizers.layers import LearnedAlphaEntmax
-from fairseq_entmax.options import (
-    DEFAULTS,
-    parse_alpha_clamp,
-    parse_alpha_init,
-    parse_alpha_warmup_updates,
-    parse_topk,
-    parse_topk_fraction,
-)
 
 # The key of model.config (and config.json) that records what sparsify did.
 CONFIG_KEY = "sparse_attention"
@@ -41,15 +34,8 @@ LOAD_HINT = (
     "sparse_hf.from_pretrained(ModelClass, path)"
 )
 
-# sparsify's options, as build_normalizer takes them, with their parsers (fairseq_entmax.options).
-OPTION_PARSERS = {
-    "alpha_init": parse_alpha_init,
-    "alpha_clamp": parse_alpha_clamp,
-    "alpha_warmup_updates": parse_alpha_warmup_updates,
-    "topk": parse_topk,
-    "topk_fraction": lambda value: None if value is None else parse_topk_fraction(value),
-    "topk_min": parse_topk,
-}
+# sparsify's options: those of build_normalizer, checked and defaulted by NormalizerConfig.
+OPTIONS = NormalizerConfig.option_names()
 
 # The families the tests cover; any model whose attention dispatches through AttentionInterface works.
 TESTED_FAMILIES = "Marian, BERT, Llama, Qwen2 and T5"
@@ -153,8 +139,7 @@ def check_options(name, options):
     Args:
         name: the normalizer of every attention type, one of NORMALIZER_NAMES, or
             {attention_type: normalizer} for some of fairseq_entmax.names.ATTENTION_TYPES.
-        options: {option: value} for some of OPTION_PARSERS' options (the rest take
-            fairseq_entmax.options.DEFAULTS).
+        options: {option: value} for some of OPTIONS (the rest take NormalizerConfig's defaults).
 
     Returns:
         {"normalizer": name, option: value for every option}, the values normalised
@@ -182,24 +167,11 @@ def check_options(name, options):
     for each in names:
         if each not in NORMALIZER_NAMES:
             raise ValueError(f"unknown normalizer {each!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
-    unknown = sorted(set(options) - set(OPTION_PARSERS))
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(OPTION_PARSERS)}")
-    record = {"normalizer": name}
-    for option, parse in OPTION_PARSERS.items():
-        value = options.get(option, DEFAULTS[option])
-        try:
-            record[option] = parse(value)
-        except argparse.ArgumentTypeError as error:
-            raise ValueError(f"{option}: {error}") from None
-    low, high = record["alpha_clamp"]
-    if record["alpha_init"] != "random" and not low <= record["alpha_init"] <= high:
-        # Outside the clamp, alpha sits at the bound, where the clamp passes no gradient.
-        raise ValueError(
-            f"alpha_init {record['alpha_init']} is outside alpha_clamp ({low}, {high}): every head would stay "
-            f"at the bound and never learn its alpha; choose an alpha_init in [{low}, {high}]"
-        )
-    record["alpha_clamp"] = [low, high]
+        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(OPTIONS)}")
+    record = {"normalizer": name, **dataclasses.asdict(NormalizerConfig(**options))}
+    record["alpha_clamp"] = list(record["alpha_clamp"])  # as config.json gives it back
     return record
 
 
@@ -214,7 +186,7 @@ class Float32AlphaEntmax(LearnedAlphaEntmax):
 
 def _build_normalizer(name, heads, options):
     if name == "alpha_entmax":
-        return Float32AlphaEntmax(heads, options["alpha_init"], options["alpha_clamp"], options["alpha_warmup_updates"])
+        return Float32AlphaEntmax(heads, NormalizerConfig(**options))
     return build_normalizer(name, heads, **options)
 
 
@@ -226,7 +198,7 @@ def _normalizer_name(record, attention_type):
 
 def _build_normalizers(modules, record):
     """One normalizer per module of attention_modules, None where the record names none."""
-    options = {option: record[option] for option in OPTION_PARSERS}
+    options = {option: record[option] for option in OPTIONS}
     options["alpha_clamp"] = tuple(options["alpha_clamp"])
     normalizers = []
     for attention_type, _, _, module, heads in modules:
@@ -323,7 +295,10 @@ def sparse_attention_record(config):
         raise ValueError(f"config.{CONFIG_KEY} is not a record of sparsify: {stored!r}")
     options = {key: value for key, value in stored.items() if key not in ("normalizer", "num_updates")}
     record = check_options(stored["normalizer"], options)
-    record["num_updates"] = parse_alpha_warmup_updates(stored.get("num_updates", 0))
+    try:
+        record["num_updates"] = check_alpha_warmup_updates(stored.get("num_updates", 0))
+    except ValueError as error:
+        raise ValueError(f"config.{CONFIG_KEY} num_updates: {error}") from None
     return record
 
 
@@ -429,8 +404,8 @@ def set_num_updates(model, num_updates):
         ValueError: for a num_updates that is not an integer >= 0.
     """
     try:
-        num_updates = parse_alpha_warmup_updates(num_updates)
-    except argparse.ArgumentTypeError as error:
+        num_updates = check_alpha_warmup_updates(num_updates)
+    except ValueError as error:
         raise ValueError(f"num_updates: {error}") from None
     record = getattr(getattr(model, "config", None), CONFIG_KEY, None)
     if record is None:

@@ -13,11 +13,13 @@ Each is a torch.autograd.Function with a hand-written backward that keeps only i
 
 As modules (layers.py), one per attention: `build_normalizer(name, num_heads, **options)`
 returns the normalizer an attention layer calls on its scores, owning what it learns (the
-per-head alphas of learned alpha-entmax) and its parameters (top-k's k).
+per-head alphas of learned alpha-entmax) and its parameters (top-k's k). NormalizerConfig
+(config.py) holds those options, their defaults and their checks.
 """
 
 from fairseq_entmax.normalizers._common import sync_free
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
+from fairseq_entmax.normalizers.config import NormalizerConfig
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.layers import (
     NORMALIZER_NAMES,
@@ -36,6 +38,7 @@ __all__ = [
     "AttentionNormalizer",
     "FixedAlphaEntmax",
     "LearnedAlphaEntmax",
+    "NormalizerConfig",
     "TopK",
     "alpha_entmax",
     "build_normalizer",

@@ -20,12 +20,15 @@ from torch import nn
 
 from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.normalizers.alpha_entmax import alpha_entmax
+from fairseq_entmax.normalizers.config import NormalizerConfig
 from fairseq_entmax.normalizers.entmax15 import entmax15
 from fairseq_entmax.normalizers.softmax import softmax
 from fairseq_entmax.normalizers.sparsemax import sparsemax
 from fairseq_entmax.normalizers.topk import topk_softmax
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = NormalizerConfig()
 
 # --alpha-init 2 would need an infinite logit; start just below 2 instead (1 + sigmoid(13.8)).
 _MAX_SIGMOID = 1.0 - 1e-6
@@ -105,15 +108,16 @@ class TopK(AttentionNormalizer):
     """Top-k softmax: a fixed k per query, or with `fraction` F, max(minimum, ceil(F * n)) for
     each query, n the number of keys it can see (scores not -inf: padding and future
     positions excluded). Counting what each query sees makes k the same in training and in
-    incremental decoding, and independent of the batch's padding."""
+    incremental decoding, and independent of the batch's padding. `config` gives k (topk),
+    F (topk_fraction) and the minimum (topk_min)."""
 
     name = "topk"
 
-    def __init__(self, num_heads, k=8, fraction=None, minimum=1, compile_function=False):
+    def __init__(self, num_heads, config=DEFAULT_CONFIG, compile_function=False):
         super().__init__(topk_softmax, num_heads, compile_function)
-        self.k = k
-        self.fraction = fraction
-        self.minimum = minimum
+        self.k = config.topk
+        self.fraction = config.topk_fraction
+        self.minimum = config.topk_min
 
     def keys_kept(self, scores):
         """The number of keys kept per query.
@@ -142,20 +146,20 @@ class TopK(AttentionNormalizer):
 class LearnedAlphaEntmax(AttentionNormalizer):
     """alpha-entmax with one learned alpha per head (Correia et al. 2019).
 
-    alpha = clamp(1 + sigmoid(alpha_logit), *clamp), alpha_logit initialised from N(0, 1)
-    (init="random", as the authors did) or so that every head starts at `init`. With
-    warmup_updates N > 0, a head uses 1 + min(1, t / N) * (alpha - 1) at update t: softmax
-    at update 0, its learned alpha from update N on.
+    alpha = clamp(1 + sigmoid(alpha_logit), *alpha_clamp), alpha_logit initialised from N(0, 1)
+    (alpha_init="random", as the authors did) or so that every head starts at alpha_init, the
+    options of `config`. With alpha_warmup_updates N > 0, a head uses 1 + min(1, t / N) *
+    (alpha - 1) at update t: softmax at update 0, its learned alpha from update N on.
     """
 
     name = "alpha_entmax"
     learns_alpha = True
 
-    def __init__(self, num_heads, init="random", clamp=(1.01, 2.0), warmup_updates=0, compile_function=False):
+    def __init__(self, num_heads, config=DEFAULT_CONFIG, compile_function=False):
         super().__init__(alpha_entmax, num_heads, compile_function)
-        self.init = init
-        self.clamp = (float(clamp[0]), float(clamp[1]))
-        self.warmup_updates = warmup_updates
+        init = self.init = config.alpha_init
+        self.clamp = config.alpha_clamp
+        self.warmup_updates = config.alpha_warmup_updates
         # How far each head's alpha is from 1 towards its learned alpha (set_num_updates): a
         # tensor, so that torch.compile reads its value instead of specialising on each.
         self.register_buffer("warmup_fraction", torch.ones(()), persistent=False)
@@ -239,42 +243,35 @@ class LearnedAlphaEntmax(AttentionNormalizer):
 _FIXED_ALPHA = {"softmax": (softmax, 1.0), "entmax15": (entmax15, 1.5), "sparsemax": (sparsemax, 2.0)}
 
 
-def build_normalizer(
-    name,
-    num_heads,
-    *,
-    alpha_init="random",
-    alpha_clamp=(1.01, 2.0),
-    alpha_warmup_updates=0,
-    topk=8,
-    topk_fraction=None,
-    topk_min=1,
-    compile_function=False,
-):
+def build_normalizer(name, num_heads, *, compile_function=False, **options):
     """The normalizer module of one attention.
 
     Args:
         name: one of NORMALIZER_NAMES.
         num_heads: the attention's heads.
-        alpha_init, alpha_clamp, alpha_warmup_updates: learned alpha-entmax's initial alpha
-            ("random" or a number in (1, 2]), its clamp (MIN, MAX) and its warm-up in updates
-            (see LearnedAlphaEntmax); ignored by the others.
-        topk, topk_fraction, topk_min: top-k's k, or its fraction of the visible keys and
-            minimum (see TopK); ignored by the others.
         compile_function: run the normalizer's function through torch.compile.
+        **options: NormalizerConfig's options (learned alpha-entmax's alpha_init, alpha_clamp
+            and alpha_warmup_updates, top-k's topk, topk_fraction and topk_min), checked there;
+            the maps that do not read an option ignore it.
 
     Returns:
         An AttentionNormalizer.
 
     Raises:
-        ValueError: for an unknown name, listing the known ones. The options' values are
-            checked where they are read, by the parsers of fairseq_entmax.options.
+        ValueError: for an unknown name, listing the known ones, and for a bad option value,
+            naming the option and what is allowed.
+        TypeError: for an unknown option, listing the known ones.
     """
+    if name not in NORMALIZER_NAMES:
+        raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
+    unknown = sorted(set(options) - set(NormalizerConfig.option_names()))
+    if unknown:
+        known = ", ".join(NormalizerConfig.option_names())
+        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {known}")
+    config = NormalizerConfig(**options)
     if name in _FIXED_ALPHA:
         function, alpha = _FIXED_ALPHA[name]
         return FixedAlphaEntmax(name, function, alpha, num_heads, compile_function)
     if name == "alpha_entmax":
-        return LearnedAlphaEntmax(num_heads, alpha_init, alpha_clamp, alpha_warmup_updates, compile_function)
-    if name == "topk":
-        return TopK(num_heads, topk, topk_fraction, topk_min, compile_function)
-    raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
+        return LearnedAlphaEntmax(num_heads, config, compile_function)
+    return TopK(num_heads, config, compile_function)
