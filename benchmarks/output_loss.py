@@ -26,7 +26,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 
 # the normalizer benchmark's timing and memory measures
 from benchmarks.normalizers import cpu_memory_setup, machine_description, peak_memory, time_once
-from fairseq_entmax.criterions import fenchel_young_loss
+from fairseq_entmax.losses import fenchel_young_loss
 
 try:
     from entmax.losses import Entmax15Loss, EntmaxBisectLoss, SparsemaxLoss

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fairseq_entmax.criterions import fenchel_young_loss
+from fairseq_entmax.losses import fenchel_young_loss
 
 pytestmark = pytest.mark.usefixtures("fairseq_plugin")
 

@@ -15,7 +15,7 @@ from fairseq import utils
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.logging import metrics
 
-from fairseq_entmax.criterions.fenchel_young import check_loss_alpha, fenchel_young_loss
+from fairseq_entmax.losses import check_loss_alpha, fenchel_young_loss
 from fairseq_entmax.options import parse_number_in_interval
 
 CRITERION_NAME = "entmax_loss"

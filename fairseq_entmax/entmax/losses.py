@@ -1,6 +1,6 @@
 """The entmax package's losses (entmax.losses): the Fenchel-Young losses of sparsemax, 1.5-entmax,
 alpha-entmax and alpha-normmax, computed by the shared implementation that the entmax_loss
-criterion uses too (_fenchel_young.py).
+criterion uses too (fairseq_entmax.losses).
 
 Each loss of a row of scores X and a target y is Omega*(X) - X_y (gradient p - one_hot(y)), with
 p the map's output; it is 0 when p is the one-hot target and positive otherwise. -inf scores are
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from fairseq_entmax.entmax import activations, root_finding
-from fairseq_entmax.entmax._fenchel_young import Regularizer, fenchel_young_rows, norm_conjugate, tsallis_conjugate
+from fairseq_entmax.losses.fenchel_young import Regularizer, fenchel_young_rows, norm_conjugate, tsallis_conjugate
 from fairseq_entmax.normalizers._common import compute_dtype
 
 _REDUCTIONS = ("elementwise_mean", "mean", "sum", "none")

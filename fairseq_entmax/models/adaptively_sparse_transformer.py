@@ -29,7 +29,7 @@ from fairseq.modules import MultiheadAttention
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf
 
-from fairseq_entmax.criterions import check_loss_alpha
+from fairseq_entmax.losses import check_loss_alpha
 from fairseq_entmax.modules import (
     SparseMultiheadAttention,
     SparseTransformerDecoderLayer,
