@@ -5,8 +5,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from fairseq_entmax import USER_DIR
+
 from .markers import done_with_same_settings, fingerprint, mark_done
-from .tools import BIN_DIR, log, run_logged, threads_env, user_dir
+from .tools import BIN_DIR, log, run_logged, threads_env
 
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
 SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
@@ -38,7 +40,7 @@ def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
         BIN_DIR / "fairseq-entmax-analyze",
         data_bin,
         "--user-dir",
-        user_dir(),
+        USER_DIR,
         "--subset",
         subset,
         "--output-dir",

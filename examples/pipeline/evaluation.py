@@ -4,11 +4,13 @@ tokenized BLEU); `train_and_evaluate` runs one model from training to its scores
 from dataclasses import dataclass
 from pathlib import Path
 
+from fairseq_entmax import USER_DIR
+
 from .checkpoints import select_checkpoint
 from .corpus import read_lines
 from .markers import done_with_same_settings, fingerprint, is_done, mark_done
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
-from .tools import ToolError, log, run_logged, threads_env, tool, use_cpu, user_dir
+from .tools import ToolError, log, run_logged, threads_env, tool, use_cpu
 from .training import train
 
 
@@ -97,7 +99,7 @@ def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, 
         tool("fairseq-generate"),
         data_bin,
         "--user-dir",
-        user_dir(),
+        USER_DIR,
         "--task",
         "translation",
         "--path",

@@ -73,19 +73,6 @@ def tool(name):
     return str(path)
 
 
-def user_dir():
-    """The fairseq_entmax package directory. Imported here, not at the top: importing
-    fairseq_entmax imports fairseq (seconds), which the stages that only check markers and
-    settings do not need.
-
-    Returns:
-        The directory, what fairseq's --user-dir is given.
-    """
-    from fairseq_entmax import USER_DIR
-
-    return USER_DIR
-
-
 def use_cpu():
     """Whether fairseq runs on the CPU.
 

@@ -8,10 +8,11 @@ import zipfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
+from fairseq_entmax import USER_DIR
 from fairseq_entmax.names import NORMALIZER_NAMES as VARIANTS
 
 from .markers import done_with, is_done, mark_done, read_done
-from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu, user_dir
+from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu
 
 # fairseq's Transformer size options, each given once for the encoder and once for the decoder.
 MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
@@ -184,7 +185,7 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         tool("fairseq-train"),
         data_bin,
         "--user-dir",
-        user_dir(),
+        USER_DIR,
         "--task",
         "translation",
         "--arch",
