@@ -158,15 +158,17 @@ def test_half_precision_normalises_in_float32(name):
         torch.testing.assert_close(half.float(), full, atol=3e-2, rtol=0)
 
 
-def test_every_normalizer_is_registered_with_its_mask():
-    """Each name is an attention implementation of transformers with a mask function: without
-    one, transformers would give the model no mask at all."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    for name in ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"):
-        assert AttentionInterface._global_mapping[name] is sparse_hf.ATTENTION_FUNCTIONS[name]
-        assert AttentionMaskInterface._global_mapping[name] is sparse_hf.sparse_attention_mask
+@pytest.mark.parametrize("name", ("softmax",) + SPARSE)
+def test_every_normalizer_gets_the_padding_mask(name):
+    """Each name is an attention implementation with its mask function: without one,
+    transformers would give the model no mask at all, and padded keys would get weight."""
+    inputs, masks = tiny_batch("bert", "right")
+    attentions = _sparse_model("bert", name)(**inputs, output_attentions=True).attentions
+    padded = (masks["encoder"] == 0)[:, None, None, :]  # (batch, 1, 1, keys)
+    assert padded.any() and len(attentions) > 0
+    for weights in attentions:  # (batch, heads, queries, keys)
+        assert torch.all(weights.masked_select(padded) == 0)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
 
 
 @pytest.mark.parametrize("name", ("softmax",) + SPARSE)

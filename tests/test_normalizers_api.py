@@ -1,8 +1,10 @@
 """The normalizers' public API: names, input checks, masking, dtypes, shapes, imports."""
 
 import math
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,8 +42,12 @@ def _alpha_like(x, dim):
     return values.reshape(shape).to(x.dtype if x.dtype == torch.float64 else torch.float32)
 
 
-def test_names_of_the_factory():
-    assert NORMALIZER_NAMES == ("softmax", "sparsemax", "entmax15", "alpha_entmax", "topk")
+def test_the_docs_name_every_normalizer_of_the_factory():
+    """docs/normalizers.md lists the names build_normalizer takes, in NORMALIZER_NAMES' order."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "normalizers.md").read_text(encoding="utf-8")
+    listed = re.search(r"`name` is one of `NORMALIZER_NAMES` \(([^)]*)\)", docs.replace("\n", " "))
+    assert listed, "docs/normalizers.md no longer lists the names"
+    assert tuple(re.findall(r"`(\w+)`", listed.group(1))) == NORMALIZER_NAMES
 
 
 @pytest.mark.parametrize("alpha", [0.5, 0.999, float("nan"), float("inf"), -1.0])
