@@ -46,11 +46,11 @@ import statistics
 import sys
 
 from benchmarks.fresh_process import call_in_fresh_process
+from fairseq_entmax.names import NORMALIZER_NAMES
 
-NORMALIZERS = ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"]
 # The rows of a table: (label, normalizer or None for fairseq's own attention). The ratios
 # are to the first two rows.
-ROWS = [("fairseq's MultiheadAttention (softmax)", None)] + [(name, name) for name in NORMALIZERS]
+ROWS = [("fairseq's MultiheadAttention (softmax)", None)] + [(name, name) for name in NORMALIZER_NAMES]
 TOKENS = 1024
 SETTINGS = {
     "layer": dict(

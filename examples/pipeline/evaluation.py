@@ -38,7 +38,7 @@ class Model:
     """One model to train: an attention variant and a seed.
 
     Attributes:
-        variant: the attention variant (training.VARIANTS).
+        variant: the attention variant (fairseq_entmax.names.NORMALIZER_NAMES).
         seed: the training seed.
         label: its name in progress lines (default: "<variant>-seed<seed>").
         threads: CPU threads of its fairseq-train and fairseq-generate (None: torch's choice).

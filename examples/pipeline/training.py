@@ -9,7 +9,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from fairseq_entmax import USER_DIR
-from fairseq_entmax.names import NORMALIZER_NAMES as VARIANTS
+from fairseq_entmax.names import NORMALIZER_NAMES
 
 from .markers import done_with, is_done, mark_done, read_done
 from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu
@@ -81,7 +81,7 @@ def variant_args(variant, topk):
     """The fairseq-train options that select one attention variant.
 
     Args:
-        variant: one of VARIANTS.
+        variant: one of NORMALIZER_NAMES.
         topk: k, for "topk".
 
     Returns:
@@ -99,7 +99,7 @@ def variant_args(variant, topk):
         return ["--attention-normalizer", "alpha_entmax", "--alpha-init", "random"]
     if variant == "topk":
         return ["--attention-normalizer", "topk", "--topk", topk]
-    raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(NORMALIZER_NAMES)}")
 
 
 def training_length(settings):
@@ -172,7 +172,7 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
     Args:
         data_bin: the data-bin.
         save_dir: fairseq's --save-dir.
-        variant: one of VARIANTS.
+        variant: one of NORMALIZER_NAMES.
         settings: the TrainSettings.
         seed: the training seed.
         cpu: whether to pass --cpu.
@@ -274,7 +274,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     Args:
         data_bin: the data-bin.
         save_dir: fairseq's --save-dir (train.log and the markers go there too).
-        variant: one of VARIANTS.
+        variant: one of NORMALIZER_NAMES.
         settings: the TrainSettings.
         seed: the training seed.
         label: the model's name in progress lines (default: `variant`).

@@ -35,8 +35,9 @@ from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import VARIANTS, TrainSettings, model_size_args, training_summary
+from examples.pipeline.training import TrainSettings, model_size_args, training_summary
 from examples.reproduction import multi30k
+from fairseq_entmax.names import NORMALIZER_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 SRC, TGT = "de", "en"
@@ -134,8 +135,8 @@ def model_spec(text):
         argparse.ArgumentTypeError: an unknown variant or a seed that is not an integer.
     """
     variant, _, seeds = text.partition(":")
-    if variant not in VARIANTS:
-        raise argparse.ArgumentTypeError(f"unknown variant {variant!r}: choose from {', '.join(VARIANTS)}")
+    if variant not in NORMALIZER_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown variant {variant!r}: choose from {', '.join(NORMALIZER_NAMES)}")
     if not seeds:
         return variant, None
     try:
@@ -182,7 +183,7 @@ def parse_args(argv=None):
         type=model_spec,
         default=[(variant, None) for variant in PAPER_VARIANTS],
         metavar="VARIANT[:SEEDS]",
-        help=f"attention variants, of {', '.join(VARIANTS)} (default: the paper's three; topk is k = 8); "
+        help=f"attention variants, of {', '.join(NORMALIZER_NAMES)} (default: the paper's three; topk is k = 8); "
         "VARIANT:1,2 trains and reports that variant with seeds 1 and 2 instead of --seeds",
     )
     parser.add_argument(

@@ -46,10 +46,10 @@ from examples.pipeline.evaluation import Model
 from examples.pipeline.markers import done_with, mark_done
 from examples.pipeline.tables import format_seconds
 from examples.pipeline.tools import PipelineError, log, run_reporting_errors
-from examples.pipeline.training import VARIANTS
 from examples.translation.corpora import download
 from examples.translation.selection import Step, command_step
 from examples.translation.tasks import SMOKE_BPE_MERGES, TASKS, batch_shape, experiment_of, tokenized_bleu_note
+from fairseq_entmax.names import NORMALIZER_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
@@ -97,7 +97,7 @@ def _parser():
     parser.add_argument(
         "--models",
         nargs="+",
-        choices=VARIANTS,
+        choices=NORMALIZER_NAMES,
         help="attention variants (default: the paper's: softmax entmax15 alpha_entmax, Table 1 of Correia et al.; "
         "softmax topk for iwslt14)",
     )
