@@ -180,7 +180,6 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
     Returns:
         The command, a list of str.
     """
-    s = settings
     args = [
         tool("fairseq-train"),
         data_bin,
@@ -188,6 +187,18 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         USER_DIR,
         "--task",
         "translation",
+        *_model_args(variant, settings),
+        *_optimization_args(settings, seed),
+        *_checkpoint_args(settings, save_dir),
+        *(["--cpu"] if cpu else []),
+        *settings.extra_args,
+    ]
+    return [str(a) for a in args]
+
+
+def _model_args(variant, s):
+    """The architecture, its attention variant, sizes and dropouts."""
+    return [
         "--arch",
         s.arch,
         *variant_args(variant, s.topk),
@@ -200,6 +211,12 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         "--activation-dropout",
         s.activation_dropout,
         *(["--encoder-normalize-before", "--decoder-normalize-before"] if s.normalize_before else []),
+    ]
+
+
+def _optimization_args(s, seed):
+    """Adam with the inverse square root schedule, the loss, the batches and when to stop."""
+    return [
         "--optimizer",
         "adam",
         "--adam-betas",
@@ -232,6 +249,12 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         *(["--max-epoch", s.max_epoch] if s.max_epoch else []),
         "--seed",
         seed,
+    ]
+
+
+def _checkpoint_args(s, save_dir):
+    """Where and when checkpoints are saved and validated, which one is best, and the logs."""
+    args = [
         "--save-dir",
         save_dir,
         "--best-checkpoint-metric",
@@ -247,25 +270,22 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         "--no-progress-bar",
         "--skip-invalid-size-inputs-valid-test",
     ]
-    if s.save_interval_updates:
-        args += [
-            "--save-interval-updates",
-            s.save_interval_updates,
-            "--validate-interval-updates",
-            s.save_interval_updates,
-            "--keep-interval-updates",
-            s.keep_last_epochs,
-            "--no-epoch-checkpoints",
-        ]
-        if not s.validate_every_epoch:
-            # fairseq validates (and counts towards the patience) at every epoch's end unless its
-            # epoch intervals are out of reach: then only the update intervals count.
-            args += ["--validate-interval", 1_000_000, "--save-interval", 1_000_000]
-    else:
-        args += ["--keep-last-epochs", s.keep_last_epochs]
-    if cpu:
-        args.append("--cpu")
-    return [str(a) for a in [*args, *s.extra_args]]
+    if not s.save_interval_updates:
+        return [*args, "--keep-last-epochs", s.keep_last_epochs]
+    args += [
+        "--save-interval-updates",
+        s.save_interval_updates,
+        "--validate-interval-updates",
+        s.save_interval_updates,
+        "--keep-interval-updates",
+        s.keep_last_epochs,
+        "--no-epoch-checkpoints",
+    ]
+    if not s.validate_every_epoch:
+        # fairseq validates (and counts towards the patience) at every epoch's end unless its
+        # epoch intervals are out of reach: then only the update intervals count.
+        args += ["--validate-interval", 1_000_000, "--save-interval", 1_000_000]
+    return args
 
 
 def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
