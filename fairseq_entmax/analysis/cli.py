@@ -12,9 +12,101 @@ import sys
 
 from fairseq_entmax.analysis.options import AnalysisOptions
 
+# fairseq-entmax-analyze's options: (flags, add_argument's keywords).
+OPTIONS = [
+    (("data",), dict(help="fairseq data-bin directory the models were trained on")),
+    (
+        ("--path",),
+        dict(
+            action="append",
+            required=True,
+            metavar="CHECKPOINT",
+            help="checkpoint to analyze; repeat to compare several models",
+        ),
+    ),
+    (
+        ("--name",),
+        dict(
+            action="append",
+            metavar="NAME",
+            help="label of the model, once per --path (default: the checkpoint's directory)",
+        ),
+    ),
+    (
+        ("--train-log",),
+        dict(
+            action="append",
+            metavar="PATH",
+            help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
+            "values and validations, once per --path in the same order; 'auto' (the default) "
+            "reads the --tensorboard-logdir or --log-file recorded in the checkpoint, if it still "
+            "exists. The validations give learning_curves.png, where models whose --name differ "
+            "only by a -seed<N>/_seed<N> ending are averaged",
+        ),
+    ),
+    (
+        ("--user-dir",),
+        dict(
+            help="a fairseq plugin folder the models need besides this one, which is always loaded "
+            "(this package's folder or fairseq_entmax.USER_DIR are accepted and add nothing)"
+        ),
+    ),
+    (
+        ("--subset", "--gen-subset"),
+        dict(
+            dest="subset",
+            default="valid",
+            help="data subset to run over (default: valid); --gen-subset is fairseq's spelling",
+        ),
+    ),
+    (("--output-dir",), dict(required=True, help="where analysis.json, the tables and figures go")),
+    (
+        ("--num-sentences",),
+        dict(type=int, metavar="N", help="analyze only the first N sentences of the subset (default: all)"),
+    ),
+    (("--max-tokens",), dict(type=int, default=4000, help="tokens per batch (default: 4000)")),
+    (("--batch-size",), dict(type=int, help="sentences per batch (default: limited by --max-tokens)")),
+    (
+        ("--sentence-id",),
+        dict(
+            type=int,
+            default=0,
+            help="sentence of the subset (0-based line) whose attention maps are drawn (default: 0)",
+        ),
+    ),
+    (
+        ("--positional-threshold",),
+        dict(
+            type=float,
+            default=0.9,
+            help="list heads whose average weight on the previous or next token is at least this (default: 0.9)",
+        ),
+    ),
+    (
+        ("--bpe-threshold",),
+        dict(
+            type=float,
+            default=0.5,
+            help="list heads whose average weight on the other pieces of the current word is at least this "
+            "(default: 0.5)",
+        ),
+    ),
+    (
+        ("--interrogation-threshold",),
+        dict(
+            type=float,
+            default=0.5,
+            help="list heads whose average weight on the question marks ('?' tokens) of the sentence is at least "
+            "this, over the queries that can see one (default: 0.5)",
+        ),
+    ),
+    (("--cpu",), dict(action="store_true", help="run on the CPU even if a GPU is available")),
+    (("--no-figures",), dict(action="store_true", help="write analysis.json and the tables only")),
+]
+
 
 def build_parser():
-    """The command line of fairseq-entmax-analyze.
+    """The command line of fairseq-entmax-analyze (OPTIONS).
 
     Returns:
         An argparse.ArgumentParser.
@@ -25,75 +117,8 @@ def build_parser():
         "tables and PNG figures about their attention heads: learned alpha, attention density, "
         "head diversity (JS), positional, BPE-merging and interrogation heads, per-head attention maps.",
     )
-    parser.add_argument("data", help="fairseq data-bin directory the models were trained on")
-    parser.add_argument(
-        "--path",
-        action="append",
-        required=True,
-        metavar="CHECKPOINT",
-        help="checkpoint to analyze; repeat to compare several models",
-    )
-    parser.add_argument(
-        "--name",
-        action="append",
-        metavar="NAME",
-        help="label of the model, once per --path (default: the checkpoint's directory)",
-    )
-    parser.add_argument(
-        "--train-log",
-        action="append",
-        metavar="PATH",
-        help="training log file (fairseq's log lines) or tensorboard log directory with the alpha "
-        "values and validations, once per --path in the same order; 'auto' (the default) "
-        "reads the --tensorboard-logdir or --log-file recorded in the checkpoint, if it still "
-        "exists. The validations give learning_curves.png, where models whose --name differ "
-        "only by a -seed<N>/_seed<N> ending are averaged",
-    )
-    parser.add_argument(
-        "--user-dir",
-        help="a fairseq plugin folder the models need besides this one, which is always loaded "
-        "(this package's folder or fairseq_entmax.USER_DIR are accepted and add nothing)",
-    )
-    parser.add_argument(
-        "--subset",
-        "--gen-subset",
-        dest="subset",
-        default="valid",
-        help="data subset to run over (default: valid); --gen-subset is fairseq's spelling",
-    )
-    parser.add_argument("--output-dir", required=True, help="where analysis.json, the tables and figures go")
-    parser.add_argument(
-        "--num-sentences", type=int, metavar="N", help="analyze only the first N sentences of the subset (default: all)"
-    )
-    parser.add_argument("--max-tokens", type=int, default=4000, help="tokens per batch (default: 4000)")
-    parser.add_argument("--batch-size", type=int, help="sentences per batch (default: limited by --max-tokens)")
-    parser.add_argument(
-        "--sentence-id",
-        type=int,
-        default=0,
-        help="sentence of the subset (0-based line) whose attention maps are drawn (default: 0)",
-    )
-    parser.add_argument(
-        "--positional-threshold",
-        type=float,
-        default=0.9,
-        help="list heads whose average weight on the previous or next token is at least this (default: 0.9)",
-    )
-    parser.add_argument(
-        "--bpe-threshold",
-        type=float,
-        default=0.5,
-        help="list heads whose average weight on the other pieces of the current word is at least this (default: 0.5)",
-    )
-    parser.add_argument(
-        "--interrogation-threshold",
-        type=float,
-        default=0.5,
-        help="list heads whose average weight on the question marks ('?' tokens) of the sentence is at least "
-        "this, over the queries that can see one (default: 0.5)",
-    )
-    parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is available")
-    parser.add_argument("--no-figures", action="store_true", help="write analysis.json and the tables only")
+    for flags, keywords in OPTIONS:
+        parser.add_argument(*flags, **keywords)
     return parser
 
 
