@@ -12,6 +12,7 @@ epoch checkpoints on the validation set.
     .venv/bin/python -m examples.translation.recipe wmt16 --smoke        # tiny end-to-end check on a CPU
     .venv/bin/python -m examples.translation.recipe wmt14 --models alpha_entmax --seed 2
     .venv/bin/python -m examples.translation.recipe iwslt14              # seeds 1 2 3, softmax and top-k
+    .venv/bin/python -m examples.translation.recipe wmt14 --data-only    # the data-bin alone, no GPU needed
 
 Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   prepare   official data -> plain text train/valid/test.{src,tgt} (download, or --raw-dir DIR
