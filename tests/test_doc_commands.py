@@ -95,7 +95,7 @@ def _quickstart_plan_is_printed(block):
     counts = {"train": int(pairs), "test": int(n_test)}
     assert int(cap) == quickstart.own_corpus_max_update(int(tokens)), "the sample's cap is not the rule's"
     printed = quickstart.own_corpus_plan(
-        size, counts, int(tokens), int(test_tokens), quickstart.MODELS, False, threads=int(threads)
+        size, counts, int(tokens), int(test_tokens), quickstart.NORMALIZERS, False, threads=int(threads)
     )
     assert block.strip().splitlines() == printed
 

@@ -110,7 +110,7 @@ def round_rates(monkeypatch):
     half that at 1,000 merges, and per model 0.5 s to start translating plus 5 ms per test token
     (26,000 tokens: 130.5 s)."""
     monkeypatch.setattr(quickstart, "PASSES_TO_STOP", {"typical": 20, "most": 30})
-    monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(quickstart.MODELS, 0.5))
+    monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(quickstart.NORMALIZERS, 0.5))
     monkeypatch.setattr(quickstart, "SMALL_VOCABULARY_FACTOR", 0.5)
     monkeypatch.setattr(quickstart, "EVALUATION_START_SECONDS", 0.5)
     monkeypatch.setattr(quickstart, "SECONDS_PER_TEST_TOKEN", 0.005)
@@ -123,9 +123,9 @@ def test_the_rate_follows_the_vocabulary_and_the_threads(round_rates):
     assert seconds_per_update("softmax", 8000, 2) == pytest.approx(0.5 / 1.70)
     assert seconds_per_update("softmax", 8000, 16) == pytest.approx(0.5 / 1.70)  # beyond two: two's
     # 4 x (6400 x 0.5 + 0.5 + 26,000 x 0.005) = 13,322 s
-    assert estimated_seconds(6400, quickstart.MODELS, 26_000, 8000, 1) == pytest.approx(13322.0)
+    assert estimated_seconds(6400, quickstart.NORMALIZERS, 26_000, 8000, 1) == pytest.approx(13322.0)
     # The test set's length, not its sentences: half the tokens, 4 x 65 s less.
-    assert estimated_seconds(6400, quickstart.MODELS, 13_000, 8000, 1) == pytest.approx(13322.0 - 4 * 65)
+    assert estimated_seconds(6400, quickstart.NORMALIZERS, 13_000, 8000, 1) == pytest.approx(13322.0 - 4 * 65)
 
 
 def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_rates):
@@ -134,7 +134,7 @@ def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_ra
     assert own_corpus_max_update(434_307) == 9600 and expected_updates(434_307) == 4300
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=9600)
     counts = {"train": 16_000, "test": 1305}
-    plan = own_corpus_plan(size, counts, 434_307, 26_000, quickstart.MODELS, max_update_given=False, threads=1)
+    plan = own_corpus_plan(size, counts, 434_307, 26_000, quickstart.NORMALIZERS, max_update_given=False, threads=1)
     assert len(plan) == 2, "a cap of the rule's own is no reason for a warning"
     assert "8000 BPE merges" in plan[0] and "at most 9600 updates of 2048 tokens per model" in plan[0]
     assert "45.3 passes over the training data (1.5 x the 30 passes the slowest measured model" in plan[0]
@@ -179,7 +179,7 @@ def test_the_note_under_the_table_says_whether_the_models_converged():
 def test_measured_rates_are_filled_in_and_the_demo_sizes_are_unchanged():
     """The estimate uses measured rates (docs/recipes.md), and the toy pair keeps the sizes
     whose table the docs record."""
-    assert set(quickstart.SECONDS_PER_UPDATE) == set(quickstart.MODELS)
+    assert set(quickstart.SECONDS_PER_UPDATE) == set(quickstart.NORMALIZERS)
     assert all(rate > 0 for rate in quickstart.SECONDS_PER_UPDATE.values())
     assert quickstart.EVALUATION_START_SECONDS > 0 and quickstart.SECONDS_PER_TEST_TOKEN > 0
     assert SIZES["demo"]["bpe_merges"] == 300 and SIZES["demo"]["max_update"] == 200

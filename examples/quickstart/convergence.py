@@ -24,7 +24,7 @@ from pathlib import Path
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.tables import format_seconds
 from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors
-from examples.quickstart.quickstart import MODELS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
+from examples.quickstart.quickstart import NORMALIZERS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_UPDATE = 20000
@@ -174,7 +174,7 @@ def parse_args(argv=None):
     parser.add_argument("--src", required=True, help="source language code (file suffix)")
     parser.add_argument("--tgt", required=True, help="target language code (file suffix)")
     parser.add_argument("--sizes", type=int, nargs="+", required=True, help="training pairs of each run")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS, help="default: all four")
+    parser.add_argument("--models", nargs="+", default=list(NORMALIZERS), choices=NORMALIZERS, help="default: all four")
     parser.add_argument(
         "--max-update",
         type=int,
@@ -209,7 +209,7 @@ def run(args):
     earlier = json.loads(record.read_text()) if record.exists() else []
     rows = sorted(
         [row for row in earlier if (row["pairs"], row["model"]) not in measured] + rows,
-        key=lambda row: (row["pairs"], MODELS.index(row["model"])),
+        key=lambda row: (row["pairs"], NORMALIZERS.index(row["model"])),
     )
     record.write_text(json.dumps(rows, indent=1) + "\n")
     print(format_rows(rows))

@@ -90,8 +90,8 @@ PATIENCE = 3
 # converges before it, while a corpus too large to converge still stops in bounded time.
 PASSES_TO_STOP = {"typical": 30.3, "most": 37.7}
 CAP_MARGIN, UPDATES_RANGE = 1.5, (1500, 12000)
-# The variants the quickstart trains and compares (examples.pipeline.training has sparsemax too).
-MODELS = ("softmax", "entmax15", "alpha_entmax", "topk")
+# The normalizers the quickstart trains and compares (NORMALIZER_NAMES has sparsemax too).
+NORMALIZERS = ("softmax", "entmax15", "alpha_entmax", "topk")
 # Measured for the estimate (docs/recipes.md, "How long a corpus takes to converge", says how),
 # on a 2-core Intel Xeon: seconds per update of fairseq-train of this model at one thread,
 # validation and checkpoints at each epoch's end included, with 8,000 BPE merges; the factor
@@ -347,8 +347,8 @@ def parse_args(argv=None):
     parser.add_argument(
         "--models",
         nargs="+",
-        default=list(MODELS),
-        choices=MODELS,
+        default=list(NORMALIZERS),
+        choices=NORMALIZERS,
         help="attention variants to train (default: all four)",
     )
     parser.add_argument(
