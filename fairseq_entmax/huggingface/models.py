@@ -199,7 +199,6 @@ def _normalizer_name(record, attention_type):
 def _build_normalizers(modules, record):
     """One normalizer per module of attention_modules, None where the record names none."""
     options = {option: record[option] for option in OPTIONS}
-    options["alpha_clamp"] = tuple(options["alpha_clamp"])
     normalizers = []
     for attention_type, _, _, module, heads in modules:
         name = _normalizer_name(record, attention_type)
