@@ -167,10 +167,7 @@ def check_options(name, options):
     for each in names:
         if each not in NORMALIZER_NAMES:
             raise ValueError(f"unknown normalizer {each!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(OPTIONS)}")
-    record = {"normalizer": name, **dataclasses.asdict(NormalizerConfig(**options))}
+    record = {"normalizer": name, **dataclasses.asdict(NormalizerConfig.from_options(options))}
     record["alpha_clamp"] = list(record["alpha_clamp"])  # as config.json gives it back
     return record
 

@@ -155,6 +155,19 @@ class NormalizerConfig:
         """The options' names, in their order: alpha_init, alpha_clamp, ..."""
         return tuple(field.name for field in dataclasses.fields(cls))
 
+    @classmethod
+    def from_options(cls, options):
+        """The config of {option: value} for some of the options (the rest take their defaults).
+
+        Raises:
+            ValueError: as the constructor does.
+            TypeError: for an option it does not have, listing the known ones.
+        """
+        unknown = sorted(set(options) - set(cls.option_names()))
+        if unknown:
+            raise TypeError(f"unknown option {', '.join(unknown)}; known options: {', '.join(cls.option_names())}")
+        return cls(**options)
+
 
 # Each option's check, in the order of the fields.
 CHECKS = {

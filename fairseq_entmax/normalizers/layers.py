@@ -264,11 +264,7 @@ def build_normalizer(name, num_heads, *, compile_function=False, **options):
     """
     if name not in NORMALIZER_NAMES:
         raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
-    unknown = sorted(set(options) - set(NormalizerConfig.option_names()))
-    if unknown:
-        known = ", ".join(NormalizerConfig.option_names())
-        raise TypeError(f"unknown option {', '.join(unknown)}; known options: {known}")
-    config = NormalizerConfig(**options)
+    config = NormalizerConfig.from_options(options)
     if name in _FIXED_ALPHA:
         function, alpha = _FIXED_ALPHA[name]
         return FixedAlphaEntmax(name, function, alpha, num_heads, compile_function)
