@@ -8,7 +8,7 @@ from pathlib import Path
 from fairseq_entmax import USER_DIR
 
 from .markers import done_with_same_settings, fingerprint, mark_done
-from .tools import BIN_DIR, log, run_logged, threads_env
+from .tools import bin_dir, log, run_logged, threads_env
 
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
 SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
@@ -37,7 +37,7 @@ def analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences=None):
         The command, a list of str.
     """
     args = [
-        BIN_DIR / "fairseq-entmax-analyze",
+        bin_dir() / "fairseq-entmax-analyze",
         data_bin,
         "--user-dir",
         USER_DIR,
@@ -76,7 +76,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     Raises:
         ToolError: the analysis failed.
     """
-    command = BIN_DIR / "fairseq-entmax-analyze"
+    command = bin_dir() / "fairseq-entmax-analyze"
     if not command.exists():
         log("fairseq-entmax-analyze is not installed: no attention density, alphas or figures")
         return None

@@ -13,7 +13,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BIN_DIR = Path(sys.executable).parent
+
+def bin_dir():
+    """The folder of the console scripts the stages run (fairseq-train, subword-nmt, ...).
+
+    Returns:
+        FAIRSEQ_ENTMAX_BIN where it is set (the test suite's launchers, tests/command_server.py),
+        else the folder of this Python, a Path.
+    """
+    return Path(os.environ.get("FAIRSEQ_ENTMAX_BIN") or Path(sys.executable).parent)
 
 
 class PipelineError(Exception):
@@ -67,9 +75,9 @@ def tool(name):
     Raises:
         PipelineError: it is not installed there.
     """
-    path = BIN_DIR / name
+    path = bin_dir() / name
     if not path.exists():
-        raise PipelineError(f"{name} not found in {BIN_DIR}: run `make setup` and use .venv/bin/python")
+        raise PipelineError(f"{name} not found in {path.parent}: run `make setup` and use .venv/bin/python")
     return str(path)
 
 
