@@ -18,14 +18,64 @@ And the `requires(available, reason)` marker (declared in pyproject.toml, like `
 that needs what a machine may lack skips without it, and fails without it under CI.
 """
 
+import importlib.util
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+import command_server
 from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
+
+# The command server's process and folder (tests/command_server.py), in a process that runs tests.
+_command_server = {}
+
+
+def pytest_configure(config):
+    """Start the command server that runs this process' fairseq commands without paying for
+    `import fairseq` each time, unless FAIRSEQ_ENTMAX_FRESH_PROCESSES is set. pytest-xdist's
+    controller runs no tests: only its workers start one."""
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    # A pytest run inside a test (in its process or a child) uses the launchers it inherits.
+    inner = "FAIRSEQ_ENTMAX_BIN" in os.environ
+    if controller or inner or os.environ.get("FAIRSEQ_ENTMAX_FRESH_PROCESSES") or not _fairseq_installed():
+        return
+    folder = Path(tempfile.mkdtemp(prefix="fairseq-entmax-commands-"))
+    socket_path = folder / "server.sock"
+    command_server.write_launchers(Path(sys.executable).parent, folder / "bin", socket_path)
+    server = subprocess.Popen([sys.executable, command_server.__file__, str(socket_path)])
+    # Ready once it has imported fairseq and made its socket; a launcher run before then, or
+    # after the server failed, runs its script in a fresh process.
+    deadline = time.monotonic() + 120
+    while not socket_path.exists() and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.environ["FAIRSEQ_ENTMAX_BIN"] = str(folder / "bin")
+    _command_server.update(process=server, folder=folder, config=config)
+
+
+def _fairseq_installed():
+    # The suite without fairseq (tests/test_suite_without_fairseq.py) hides it by raising.
+    try:
+        return importlib.util.find_spec("fairseq") is not None
+    except ImportError:
+        return False
+
+
+def pytest_unconfigure(config):
+    """Stop the command server that this run started and remove its folder."""
+    if _command_server.get("config") is config:
+        del os.environ["FAIRSEQ_ENTMAX_BIN"]
+        _command_server["process"].terminate()
+        _command_server["process"].wait()
+        shutil.rmtree(_command_server["folder"], ignore_errors=True)
+        _command_server.clear()
 
 
 def pytest_runtest_setup(item):

@@ -10,13 +10,10 @@ them from conftest.
 import random
 import re
 import shlex
-import sys
 from pathlib import Path
 
-from examples.pipeline.tools import run_logged
+from examples.pipeline.tools import bin_dir, run_logged
 from fairseq_entmax import USER_DIR  # the tests import it from here too
-
-BIN_DIR = Path(sys.executable).parent
 
 
 def arguments(command_line):
@@ -68,7 +65,7 @@ TRAINING_ARGS = OPTIMIZATION_ARGS + arguments(
 
 def fairseq_command(name):
     """Path of a fairseq console script (fairseq-train, ...) installed beside this Python."""
-    path = BIN_DIR / name
+    path = bin_dir() / name
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `make setup` first")
     return str(path)
@@ -171,7 +168,7 @@ def run_analyze(data_bin, output_dir, *arguments, **run_options):
     Returns:
         The finished command, as run returns it.
     """
-    command = [BIN_DIR / "fairseq-entmax-analyze", data_bin, "--user-dir", USER_DIR, "--cpu"]
+    command = [fairseq_command("fairseq-entmax-analyze"), data_bin, "--user-dir", USER_DIR, "--cpu"]
     return run([*command, *arguments, "--output-dir", output_dir], **run_options)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BIN_DIR
+from helpers import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -196,7 +196,7 @@ PIP_CHECK = textwrap.dedent(
 
 
 def _environment(tmp_path, parse):
-    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{BIN_DIR}{os.pathsep}{os.environ['PATH']}")
+    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
     environment["DOC_LOG"] = str(tmp_path / "calls.log")
     environment["PIP_CHECK"] = PIP_CHECK
     if parse:
@@ -222,7 +222,7 @@ def _run_block(block, tmp_path, parse):
 
 def _check_synopsis(block):
     words = block.split()
-    program = [sys.executable, *words[1:3]] if words[0].endswith("python") else [str(BIN_DIR / words[0])]
+    program = [sys.executable, *words[1:3]] if words[0].endswith("python") else [str(bin_dir() / words[0])]
     proc = subprocess.run([*program, "--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     options = set(re.findall(r"--[a-z][a-z0-9-]*", block))
