@@ -26,7 +26,9 @@ import select
 import signal
 import socket
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 # The console scripts routed through the server: fairseq's own. Others are linked as they are.
@@ -112,6 +114,27 @@ def write_launchers(bin_dir, folder, socket_path):
             target.chmod(target.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         else:
             target.symlink_to(script)
+
+
+def start(folder, timeout=120):
+    """Write the launchers of this Python's scripts into folder/bin and start their server.
+
+    Args:
+        folder: an empty folder of the server's own (its socket and launchers).
+        timeout: seconds to wait for the server to import fairseq and listen.
+
+    Returns:
+        (the server's Popen, the launchers' folder, whether it is listening). Until it listens,
+        or when it failed, a launcher runs its script in a fresh process.
+    """
+    folder = Path(folder)
+    socket_path = folder / "server.sock"
+    write_launchers(Path(sys.executable).parent, folder / "bin", socket_path)
+    server = subprocess.Popen([sys.executable, __file__, str(socket_path)])
+    deadline = time.monotonic() + timeout
+    while not socket_path.exists() and server.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return server, folder / "bin", socket_path.exists()
 
 
 def _receive(conn):

@@ -21,10 +21,7 @@ that needs what a machine may lack skips without it, and fails without it under 
 import importlib.util
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -48,15 +45,8 @@ def pytest_configure(config):
     if controller or inner or os.environ.get("FAIRSEQ_ENTMAX_FRESH_PROCESSES") or not _fairseq_installed():
         return
     folder = Path(tempfile.mkdtemp(prefix="fairseq-entmax-commands-"))
-    socket_path = folder / "server.sock"
-    command_server.write_launchers(Path(sys.executable).parent, folder / "bin", socket_path)
-    server = subprocess.Popen([sys.executable, command_server.__file__, str(socket_path)])
-    # Ready once it has imported fairseq and made its socket; a launcher run before then, or
-    # after the server failed, runs its script in a fresh process.
-    deadline = time.monotonic() + 120
-    while not socket_path.exists() and server.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    os.environ["FAIRSEQ_ENTMAX_BIN"] = str(folder / "bin")
+    server, launchers, _ = command_server.start(folder)
+    os.environ["FAIRSEQ_ENTMAX_BIN"] = str(launchers)
     _command_server.update(process=server, folder=folder, config=config)
 
 

@@ -12,7 +12,7 @@ import re
 import shlex
 from pathlib import Path
 
-from examples.pipeline.tools import bin_dir, run_logged
+from examples.pipeline.tools import run_logged, tool
 from fairseq_entmax import USER_DIR  # the tests import it from here too
 
 
@@ -64,11 +64,8 @@ TRAINING_ARGS = OPTIMIZATION_ARGS + arguments(
 
 
 def fairseq_command(name):
-    """Path of a fairseq console script (fairseq-train, ...) installed beside this Python."""
-    path = bin_dir() / name
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: run `make setup` first")
-    return str(path)
+    """Path of a fairseq console script (fairseq-train, ...), as the pipelines find it (tool)."""
+    return tool(name)
 
 
 def run(args, check=True, timeout=600, cwd=None, env=None, input=None):

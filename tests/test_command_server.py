@@ -24,15 +24,9 @@ VENV_BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server of this file's own, with its launchers: (process, launcher folder)."""
-    folder = tmp_path_factory.mktemp("command-server")
-    socket_path = folder / "server.sock"
-    command_server.write_launchers(VENV_BIN, folder / "bin", socket_path)
-    process = subprocess.Popen([sys.executable, command_server.__file__, str(socket_path)])
-    deadline = time.monotonic() + 120
-    while not socket_path.exists():
-        assert process.poll() is None and time.monotonic() < deadline, "the command server did not start"
-        time.sleep(0.1)
-    yield process, folder / "bin"
+    process, launchers, listening = command_server.start(tmp_path_factory.mktemp("command-server"))
+    assert listening, "the command server did not start"
+    yield process, launchers
     process.terminate()
     process.wait()
 

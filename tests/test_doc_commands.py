@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bin_dir
+from examples.pipeline.tools import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
