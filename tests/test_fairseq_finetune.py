@@ -86,9 +86,9 @@ def test_near_one_alphas_start_from_the_softmax_model_exactly(tiny_data, softmax
     for key in alpha_keys:
         assert logged[key] == ("1.000001", ", ".join(["1.000001"] * 4)), key
         assert torch.allclose(started[key], torch.full((4,), math.log(1e-6 / (1 - 1e-6)))), key
-    # Every other weight as the softmax checkpoint saved it; the version keys are this
-    # package's, added next to each alpha.
-    ours = {key for key in started if key.endswith((".alpha_logit", ".sparse_attention_version"))}
+    # Every other weight as the softmax checkpoint saved it; the version keys and warm-up
+    # positions are this package's, added next to each alpha.
+    ours = {key for key in started if key.endswith((".alpha_logit", ".warmup_fraction", ".sparse_attention_version"))}
     assert started.keys() - ours == pretrained.keys()
     for key, value in pretrained.items():
         assert torch.equal(started[key], value), key
@@ -108,7 +108,7 @@ def test_random_alphas_warm_up_from_softmax_through_restore_file(tiny_data, soft
     --alpha-warmup-updates 16: every head starts at alpha 1 (softmax) and moves linearly
     towards the starting alpha the log gave it; the model learns, alphas included; and the
     checkpoint, saved half-way through the warm-up, loads (as fairseq-generate and the hub
-    load it) with its alphas half-way."""
+    load it, or as a state dict) with the alphas its last update ran with."""
     from fairseq import checkpoint_utils
 
     from fairseq_entmax.models import sparse_attention_modules
@@ -148,14 +148,22 @@ def test_random_alphas_warm_up_from_softmax_through_restore_file(tiny_data, soft
 
     pretrained, trained = model_state(checkpoint), model_state(tmp_path / "checkpoint_last.pt")
     assert not torch.equal(trained["encoder.layers.0.fc1.weight"], pretrained["encoder.layers.0.fc1.weight"])
-    (model,), _, _ = checkpoint_utils.load_model_ensemble_and_task(
+    (model,), config, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(tmp_path / "checkpoint_last.pt")], arg_overrides={"data": str(tiny_data.data_bin)}
     )
-    for attention_type, layer, attention in sparse_attention_modules(model):
+    # The warm-up position is in the model's state: the one its last update ran with (fairseq
+    # sets the count before each update: 7 of 16), whether the loader also sets the count
+    # (load_model_ensemble_and_task, before it loads the state) or not (build_model, then
+    # load_state_dict).
+    rebuilt = task.build_model(config.model)
+    rebuilt.load_state_dict(trained)
+    rebuilt_attentions = [attention for _, _, attention in sparse_attention_modules(rebuilt)]
+    for (attention_type, layer, attention), other in zip(sparse_attention_modules(model), rebuilt_attentions):
         key = next(k for k in logged if attention_type_of(k) == attention_type and f".layers.{layer}." in k)
         learned = (1 + torch.sigmoid(trained[key])).clamp(1.01, 2)
         assert not torch.allclose(learned, torch.tensor(logged[key]), atol=1e-4), f"{key} did not learn"
-        assert torch.allclose(attention.normalizer.head_alpha(), 1 + (learned - 1) * 8 / 16), key
+        assert torch.allclose(attention.normalizer.head_alpha(), 1 + (learned - 1) * 7 / 16), key
+        assert torch.equal(other.normalizer.head_alpha(), attention.normalizer.head_alpha()), key
 
 
 def test_fixed_normalizers_and_top_k_load_every_weight(tiny_data, softmax_checkpoint, tmp_path):

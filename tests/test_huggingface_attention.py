@@ -229,3 +229,57 @@ def test_a_causal_module_called_without_a_mask_is_causal(path):
         sparse_hf.ATTENTION_FUNCTIONS["entmax15"](
             attention, query, key, value, None, is_causal=False, cu_seq_lens_q=torch.tensor([0, 3, 7]), **keywords
         )
+
+
+def _tiny_gpt2(attn_implementation):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=40, n_positions=64, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0)
+    config.embd_pdrop = config.attn_pdrop = 0.0
+    torch.manual_seed(0)
+    return GPT2LMHeadModel._from_config(config, attn_implementation=attn_implementation).eval()
+
+
+def test_captured_weights_reach_the_user_where_the_model_drops_output_attentions():
+    """GPT-2's forward pops output_attentions before its attention runs, so the keyword gives
+    no weights; capture_attention_weights gives them, as eager attention computes them under
+    softmax, and with exact zeros on future keys under entmax15."""
+    ids = torch.randint(3, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    eager = _tiny_gpt2("eager")(ids, output_attentions=True).attentions
+    assert len(eager) == 2
+    softmax = _tiny_gpt2("softmax")
+    with sparse_hf.capture_attention_weights(softmax) as captured:
+        softmax(ids)
+    assert [(row["attention_type"], row["layer"]) for row in captured] == [("decoder_self", 0), ("decoder_self", 1)]
+    for row, expected in zip(captured, eager):
+        torch.testing.assert_close(row["weights"], expected, atol=1e-6, rtol=0)
+
+    entmax = sparse_hf.sparsify(_tiny_gpt2("eager"), "entmax15")
+    with sparse_hf.capture_attention_weights(entmax) as captured:
+        entmax(ids)
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    for row in captured:
+        assert row["weights"].shape == (2, 2, 7, 7) and torch.all(row["weights"][..., future] == 0)
+        torch.testing.assert_close(row["weights"].sum(-1), torch.ones(2, 2, 7), atol=1e-6, rtol=0)
+    assert len(captured) == 2
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        with sparse_hf.capture_attention_weights(_tiny_gpt2("eager")):
+            pass
+
+
+def test_captured_weights_are_those_output_attentions_returns():
+    """On a model that honours output_attentions (Marian), the capture holds the same tensors,
+    one row per attention call, named by attention type and layer."""
+    model = _sparse_model("marian", "alpha_entmax")
+    inputs, _ = tiny_batch("marian")
+    with sparse_hf.capture_attention_weights(model) as captured:
+        outputs = model(**inputs, output_attentions=True)
+    by_site = {(row["attention_type"], row["layer"]): row["weights"] for row in captured}
+    assert len(by_site) == len(captured) == 6
+    for attention_type, output_name in [
+        ("encoder_self", "encoder_attentions"),
+        ("decoder_self", "decoder_attentions"),
+        ("cross", "cross_attentions"),
+    ]:
+        for layer, weights in enumerate(getattr(outputs, output_name)):
+            assert torch.equal(by_site[attention_type, layer], weights)

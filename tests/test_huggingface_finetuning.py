@@ -123,9 +123,10 @@ def test_per_step_calls_do_not_walk_the_model():
 
 
 def test_lora_trains_the_adapters_and_the_alphas_and_saves_both(tmp_path):
-    """peft's LoRA on a sparsified model, the alphas in modules_to_save: training moves the
-    adapters and the alphas, and the base model sparsified again with the saved adapter gives
-    back the same alphas and logits."""
+    """peft's LoRA on a sparsified model, the alphas in modules_to_save, stopped halfway
+    through the alpha warm-up: training moves the adapters and the alphas, and the base model
+    sparsified again (update count 0) with the saved adapter gives back the same alphas, warm-up
+    position included, and the same logits."""
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import LlamaForCausalLM
 
@@ -133,7 +134,7 @@ def test_lora_trains_the_adapters_and_the_alphas_and_saves_both(tmp_path):
 
     def sparsified_base():
         base = LlamaForCausalLM.from_pretrained(tmp_path / "base")
-        return sparse_hf.sparsify(base, "alpha_entmax", alpha_init=1.5)
+        return sparse_hf.sparsify(base, "alpha_entmax", alpha_init=1.5, alpha_warmup_updates=6)
 
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=[sparse_hf.NORMALIZER_ATTRIBUTE])
     model = get_peft_model(sparsified_base(), lora).train()
@@ -142,17 +143,22 @@ def test_lora_trains_the_adapters_and_the_alphas_and_saves_both(tmp_path):
     before = [row["alpha"] for row in sparse_hf.alpha_table(model)]
     lora_before = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_B" in name}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(3):
+    for step in range(3):
+        sparse_hf.set_num_updates(model, step)
         _causal_lm_loss(model).backward()
         optimizer.step()
         optimizer.zero_grad()
+    sparse_hf.set_num_updates(model, 3)
     after = [row["alpha"] for row in sparse_hf.alpha_table(model)]
     assert all(new != old for new, old in zip(after, before))
+    assert all(1.05 < alpha < 1.45 for alpha in after)  # halfway from 1 to alphas near 1.5
     assert all(not torch.equal(p, lora_before[name]) for name, p in model.named_parameters() if "lora_B" in name)
     model.eval().save_pretrained(tmp_path / "adapter")
 
     loaded = PeftModel.from_pretrained(sparsified_base(), tmp_path / "adapter").eval()
     assert sparse_hf.alpha_table(loaded) == sparse_hf.alpha_table(model)
+    assert sparse_hf.alpha_table(sparsified_base())[0]["alpha"] == 1.0  # what the base alone runs: softmax
+    assert sparse_hf.alpha_table(sparsified_base())[0]["alpha"] == 1.0  # what the base alone runs: softmax
     inputs, _ = tiny_batch("llama")
     with torch.no_grad():
         torch.testing.assert_close(loaded(**inputs).logits, model(**inputs).logits, atol=0, rtol=0)

@@ -51,7 +51,7 @@ def test_learned_alpha_uses_one_alpha_per_head():
     alpha = (1 + torch.sigmoid(normalizer.alpha_logit.detach())).clamp(1.01, 2.0)
     expected = alpha_entmax(x.view(-1, HEADS, 3, 7), alpha.view(1, HEADS, 1, 1), dim=-1).view_as(x)
     torch.testing.assert_close(normalizer(x).detach(), expected, rtol=0, atol=0)
-    assert list(normalizer.state_dict()) == ["alpha_logit"]
+    assert list(normalizer.state_dict()) == ["alpha_logit", "warmup_fraction"]
     normalizer(x).sum().backward()
     assert normalizer.alpha_logit.grad is not None and normalizer.alpha_logit.grad.shape == (HEADS,)
 
@@ -65,6 +65,26 @@ def test_learned_alpha_starts_at_alpha_init_and_warms_up_from_softmax():
     torch.testing.assert_close(normalizer.head_alpha().detach(), torch.full((HEADS,), 1.25))
     normalizer.set_num_updates(20)
     torch.testing.assert_close(normalizer.head_alpha().detach(), torch.full((HEADS,), 1.5))
+
+
+def test_the_warm_up_position_travels_with_the_state_dict():
+    """A state dict saved mid-warm-up gives the loaded module the same alphas, with no update
+    count to restore (a PEFT adapter, torch.save); one saved without the position (before it was
+    kept) loads and keeps the position set_num_updates gave."""
+    trained = build_normalizer("alpha_entmax", HEADS, alpha_init="random", alpha_warmup_updates=10)
+    trained.set_num_updates(4)
+    state = trained.state_dict()
+    assert state["warmup_fraction"].dtype == torch.float32
+    loaded = build_normalizer("alpha_entmax", HEADS, alpha_init=1.5, alpha_warmup_updates=10)
+    loaded.set_num_updates(0)
+    loaded.load_state_dict(state)
+    assert torch.equal(loaded.head_alpha(), trained.head_alpha())
+    assert not torch.equal(loaded.head_alpha(), trained.learned_alpha())
+
+    older = build_normalizer("alpha_entmax", HEADS, alpha_init=1.5, alpha_warmup_updates=10)
+    older.set_num_updates(5)
+    older.load_state_dict({"alpha_logit": state["alpha_logit"]})
+    assert torch.equal(older.head_alpha(), torch.lerp(torch.ones(HEADS), trained.learned_alpha(), 0.5))
 
 
 def test_topk_keeps_k_or_a_fraction_of_the_visible_keys():

@@ -12,6 +12,8 @@ never hold the score matrix (fairseq_entmax.attention) unless the weights are as
 it then returns with the output.
 """
 
+import contextlib
+
 import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -29,6 +31,31 @@ SPARSIFIED = "sparsified"
 # Normalizers that need no state of their own, shared by the attention modules that were not
 # sparsified: one per (name, heads), built on first use with build_normalizer's defaults.
 _SHARED_NORMALIZERS = {}
+
+
+# The functions every call here hands (module, weights) to while receiving_weights is active,
+# innermost last: the calls then materialize the weights whatever the model asked, since some
+# models (GPT-2) drop `output_attentions` before it reaches the attention function. A plain
+# list, which torch.compile reads without a graph break (it cannot trace a ContextVar).
+_weight_receivers = []
+
+
+@contextlib.contextmanager
+def receiving_weights(receive):
+    """While active, every call of the attention functions here materializes its weights and
+    calls `receive(module, weights)`, weights (batch, heads, queries, keys).
+
+    Args:
+        receive: a function of (attention module, weights).
+
+    Yields:
+        Nothing; the receiver is removed on exit.
+    """
+    _weight_receivers.append(receive)
+    try:
+        yield
+    finally:
+        _weight_receivers.remove(receive)
 
 
 def sparse_attention_mask(*args, **kwargs):
@@ -154,8 +181,9 @@ def sparse_attention_forward(
 ):
     """Attention with the normalizer `name` in place of the softmax.
 
-    Unless the weights are asked for (`output_attentions=True`), or the call has one query (a
-    generation step, where the score matrix is one row per head) or Gemma's soft-cap, it runs
+    Unless the weights are asked for (`output_attentions=True`, or receiving_weights), or the
+    call has one query (a generation step, where the score matrix is one row per head) or
+    Gemma's soft-cap, it runs
     fairseq_entmax.attention.scaled_dot_product_attention, which never holds the score matrix;
     otherwise the scores, the normalizer and the weights are materialized, as eager attention does.
 
@@ -211,10 +239,13 @@ def sparse_attention_forward(
     normalizer = normalizer_of(module, name, query.shape[1])
     dropout = dropout if module.training else 0.0
     softcap = kwargs.get("softcap")
-    if kwargs.get("output_attentions") or query.shape[2] == 1 or softcap is not None:
+    receive = _weight_receivers[-1] if _weight_receivers else None
+    if receive is not None or kwargs.get("output_attentions") or query.shape[2] == 1 or softcap is not None:
         output, weights = _materialized_attention(
             normalizer, module, query, key, value, mask, is_causal, dropout, scaling, softcap
         )
+        if receive is not None:
+            receive(module, weights)
     else:
         output = scaled_dot_product_attention(
             query,

@@ -8,6 +8,7 @@ model back: it adds the normalizers before transformers loads the weights, so th
 alphas load with the rest.
 """
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -16,7 +17,12 @@ import torch
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from fairseq_entmax.huggingface.attention import NORMALIZER_ATTRIBUTE, SPARSIFIED
+from fairseq_entmax.huggingface.attention import (
+    ATTENTION_FUNCTIONS,
+    NORMALIZER_ATTRIBUTE,
+    SPARSIFIED,
+    receiving_weights,
+)
 from fairseq_entmax.names import ALPHA_STATISTICS, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, AttentionNormalizer, build_normalizer
 from fairseq_entmax.normalizers.config import NormalizerConfig, check_alpha_warmup_updates
@@ -362,7 +368,12 @@ def from_pretrained(model_class, path, **kwargs):
     loading.__qualname__ = concrete.__qualname__
     model, info = loading.from_pretrained(path, attn_implementation=SPARSIFIED, output_loading_info=True, **kwargs)
     model.__class__ = concrete
-    lacking = [key for key in info["missing_keys"] if f".{NORMALIZER_ATTRIBUTE}." in f".{key}"]
+    # A model saved before the warm-up position was kept lacks only that: set_num_updates gives it.
+    lacking = [
+        key
+        for key in info["missing_keys"]
+        if f".{NORMALIZER_ATTRIBUTE}." in f".{key}" and not key.endswith(".warmup_fraction")
+    ]
     if lacking:
         raise ValueError(f"{path}: its weights lack {', '.join(lacking)}, which sparsify's model saves")
     # The non-learned normalizers store nothing: built again on the loaded model's device.
@@ -464,3 +475,45 @@ def learned_alpha_statistics(model):
     return {
         attention_type: dict(zip(ALPHA_STATISTICS, row)) for attention_type, row in zip(per_type, rows.cpu().tolist())
     }
+
+
+@contextlib.contextmanager
+def capture_attention_weights(model):
+    """Collect the attention weights of every call of a model's attention functions, whatever
+    the model's forward does with `output_attentions` (GPT-2's drops it).
+
+        with sparse_hf.capture_attention_weights(model) as captured:
+            model(**inputs)
+        weights = captured[0]["weights"]   # (batch, heads, queries, keys)
+
+    Args:
+        model: a transformers model running one of this package's attention implementations
+            (sparsify, from_pretrained, or attn_implementation=NAME), or a PEFT model of one.
+
+    Yields:
+        A list that each attention call appends a row to, in call order: {"attention_type",
+        "layer", "weights"}, the type and layer as attention_modules gives them, the weights
+        as the call computed them (in the model's dtype, exactly 0 on masked keys and off the
+        support, attached to the graph). A generation step adds one row per layer.
+
+    Raises:
+        ValueError: for a model that runs another attention implementation, whose weights
+            these functions never see.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    implementation = getattr(base.config, "_attn_implementation", None)
+    if implementation not in ATTENTION_FUNCTIONS:
+        raise ValueError(
+            f"{type(base).__name__} runs attn_implementation={implementation!r}, not one of fairseq_entmax's "
+            f"({', '.join(ATTENTION_FUNCTIONS)}): sparsify it first, or ask its forward for output_attentions=True"
+        )
+    sites = {id(module): (attention_type, layer) for attention_type, layer, _, module, _ in attention_modules(base)}
+    captured = []
+
+    def receive(module, weights):
+        site = sites.get(id(module))
+        if site is not None:  # another model run inside the block is not this one's
+            captured.append({"attention_type": site[0], "layer": site[1], "weights": weights})
+
+    with receiving_weights(receive):
+        yield captured

@@ -161,8 +161,10 @@ class LearnedAlphaEntmax(AttentionNormalizer):
         self.clamp = config.alpha_clamp
         self.warmup_updates = config.alpha_warmup_updates
         # How far each head's alpha is from 1 towards its learned alpha (set_num_updates): a
-        # tensor, so that torch.compile reads its value instead of specialising on each.
-        self.register_buffer("warmup_fraction", torch.ones(()), persistent=False)
+        # tensor, so that torch.compile reads its value instead of specialising on each. Saved
+        # with the alphas, so that a state dict without the update count (a PEFT adapter, a
+        # model loaded for generation) keeps the warm-up position.
+        self.register_buffer("warmup_fraction", torch.ones(()))
         if init == "random":
             initial = torch.randn(num_heads)
         else:
@@ -175,16 +177,20 @@ class LearnedAlphaEntmax(AttentionNormalizer):
         """nn.Module's load, except that a state dict without alpha_logit here (that of a model
         trained without learned alpha: fairseq's transformer, fine-tuned with
         --finetune-from-model or --restore-file) keeps the alphas drawn from `init`, and says so
-        in the log: a strict load still checks every other key.
+        in the log, and one without warmup_fraction (saved before it was kept) keeps the
+        position set_num_updates gives: a strict load still checks every other key.
 
         Args:
             state_dict, prefix, local_metadata, strict, unexpected_keys, error_msgs: as
                 nn.Module._load_from_state_dict takes them.
-            missing_keys: the keys the load lacks; this module's alpha_logit is not one of them.
+            missing_keys: the keys the load lacks; this module's alpha_logit and
+                warmup_fraction are not among them.
         """
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        if prefix + "warmup_fraction" in missing_keys:
+            missing_keys.remove(prefix + "warmup_fraction")
         key = prefix + "alpha_logit"
         if key in missing_keys:
             missing_keys.remove(key)
