@@ -27,7 +27,7 @@
 # machine's checkout, then from its root (the check's own budget, 520 s, leaves the install a
 # minute of a 10-minute slot):
 #   bash benchmarks/gpu_install.sh install; make gpu-check PY=python3 GPU_CHECK_ARGS="--data .gpu-data --out OUT"
-# OUT then holds gpu-check.md, gpu-check.json and the steps' logs (gpu-check-logs.tar.gz). The
+# OUT then holds gpu-check.md, gpu-check.json and the steps' logs and JSON (work/). The
 # check runs even when the install failed: its environment step says what does not import.
 # `--steps NAME ...` in GPU_CHECK_ARGS runs only those steps.
 set -euo pipefail

@@ -14,8 +14,9 @@ Fixtures for other test files:
   it, so that the torch-only tests run where fairseq is not installed
   (tests/test_suite_without_fairseq.py).
 
-And the `requires(available, reason)` marker (declared in pyproject.toml, like `slow`): a test
-that needs what a machine may lack skips without it, and fails without it under CI.
+And two markers (declared in pyproject.toml, like `slow`): `cuda`, a test that skips without a
+CUDA device, and `requires(available, reason)`, a test that needs what a machine may lack:
+it skips without it, and fails without it under CI.
 """
 
 import importlib.util
@@ -69,8 +70,14 @@ def pytest_unconfigure(config):
 
 
 def pytest_runtest_setup(item):
-    """A missing requirement skips a test on a developer's machine; under CI (CI set) it fails
-    it, since there it means a broken set-up that a skip would turn green."""
+    """A `cuda` test skips without a CUDA device (CI has none). A missing requirement skips a
+    test on a developer's machine; under CI (CI set) it fails it, since there it means a broken
+    set-up that a skip would turn green."""
+    if item.get_closest_marker("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device (make gpu-check runs it on a GPU machine)")
     for marker in item.iter_markers("requires"):
         available, reason = marker.args
         if not available:

@@ -6,10 +6,10 @@ references within the documented bounds; masked keys get zero gradient; alpha ma
 the CPU; and nothing synchronises the host (torch.cuda.set_sync_debug_mode("error")).
 
 CI has no GPU: the device-independent tests run there on the CPU, on the sync-free path the
-GPU takes (forced by sync_free()); the others skip. On a GPU machine they need only torch,
-numpy and pytest (not fairseq: the suite loads the plugin only for the fairseq tests):
+GPU takes (forced by sync_free()); the `cuda` ones skip. On a GPU machine they need only
+torch, numpy and pytest (not fairseq: the suite loads the plugin only for the fairseq tests):
 
-    python -m pytest tests/test_normalizers_cuda.py
+    python -m pytest -m cuda tests/test_normalizers_cuda.py
 """
 
 import contextlib
@@ -21,10 +21,8 @@ import torch
 from fairseq_entmax.normalizers import _common, alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
 from normalizer_references import alpha_entmax_reference
 
-HAS_CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device; CI has none (run it on a GPU machine)")
 # The device-independent tests: on the CPU with the GPU's (sync-free) path, and on CUDA.
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 DEVICE = "cuda"
 HEADS = 4
@@ -93,14 +91,14 @@ def assert_devices_agree(name, scores, dtype):
     assert torch.all(p_gpu[masked] == 0), f"{name}: a masked entry has weight on {DEVICE}"
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", MAPS)
 def test_cuda_agrees_with_cpu(name, dtype):
     assert_devices_agree(name, attention_scores(3, 7, 40, dtype, seed=0), dtype)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", MAPS)
 def test_cuda_agrees_with_cpu_across_several_gpu_blocks(name):
     """An input of more than GPU_BLOCK_ELEMENTS entries is processed in several blocks."""
@@ -163,7 +161,7 @@ def test_alpha_given_on_the_cpu(device):
     assert torch.isfinite(alpha.grad).all() and alpha.grad.abs().sum() > 0
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", MAPS)
 def test_no_host_synchronisation_on_cuda(name):
     """Forward and backward of each map with CUDA's sync debug mode set to raise on any
@@ -180,7 +178,42 @@ def test_no_host_synchronisation_on_cuda(name):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    "name, options",
+    [("softmax", {}), ("sparsemax", {}), ("entmax15", {}), ("alpha_entmax", {}), ("topk", {"topk": 8})]
+    + [("topk", {"topk_fraction": 0.3})],
+)
+def test_attention_layer_normalizer_does_not_synchronise_the_host(name, options, dtype):
+    """The module SparseMultiheadAttention calls on its scores (build_normalizer: learned
+    alpha's per-head alphas and clamp, top-k's per-row k), in float32 and in --fp16's float16,
+    under the sync debug mode after a warm-up call, with padded keys and a fully masked row."""
+    from fairseq_entmax.normalizers import build_normalizer
+
+    layer = build_normalizer(name, HEADS, **options).to(DEVICE)
+    scores = torch.randn(3 * HEADS, 6, 20, generator=torch.Generator().manual_seed(0)) * 3
+    scores[:HEADS, :, 15:] = float("-inf")
+    scores[HEADS, 3] = float("-inf")
+    scores = scores.to(DEVICE, dtype)
+    upstream = torch.linspace(-1, 1, 20, device=DEVICE, dtype=dtype)
+
+    def gradient():
+        x = scores.clone().requires_grad_()
+        (layer(x) * upstream).sum().backward()
+        return x.grad
+
+    gradient()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grad = gradient()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", ["softmax", "sparsemax", "entmax15", "alpha_entmax", "topk"])
 def test_blocked_attention_on_the_gpu_gives_what_the_cpu_gives(name, dtype):
