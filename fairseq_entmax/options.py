@@ -2,9 +2,9 @@
 
 As fairseq keeps its command-line options in fairseq/options.py, apart from its models.
 The model (models/adaptively_sparse_transformer.py) adds the sparse attention options to
-fairseq's parser, its architectures fill their defaults, and the layers build each attention's
-normalizer from them (build_attention_normalizer); the entmax_loss criterion parses its own
-options with the same parsers. This module needs neither fairseq nor a model.
+fairseq's parser, its architectures fill their defaults, the model checks them once into an
+AttentionNormalizers, and the layers build each attention's normalizer from that; the
+entmax_loss criterion parses its own options with the same parsers. This module needs neither fairseq nor a model.
 
 The parsers are the checks of fairseq_entmax.normalizers.config (NormalizerConfig's) raising
 argparse.ArgumentTypeError, so a bad value stops fairseq-train/-generate at argument parsing
@@ -12,12 +12,13 @@ with "argument --OPTION: <message>".
 """
 
 import argparse
+import dataclasses
 
 from fairseq_entmax.names import ATTENTION_TITLES, ATTENTION_TYPES
 from fairseq_entmax.normalizers import NORMALIZER_NAMES, NormalizerConfig, build_normalizer
-from fairseq_entmax.normalizers.config import CHECKS as NORMALIZER_CHECKS
 from fairseq_entmax.normalizers.config import DEFAULTS as NORMALIZER_DEFAULTS
 from fairseq_entmax.normalizers.config import (
+    NormalizerOptionError,
     check_alpha_clamp,
     check_alpha_init,
     check_alpha_warmup_updates,
@@ -153,7 +154,7 @@ def sparse_attention_defaults(args, normalizer):
     """Fill the sparse attention options the user did not give, in place.
 
     Only an absent (None) option takes its default: a value given as 0, e.g. through
-    --model-overrides, is left for validate_sparse_attention_args to refuse.
+    --model-overrides, is left for AttentionNormalizers.from_args to refuse.
 
     Args:
         args: an argparse namespace, or the OmegaConf config a checkpoint holds.
@@ -166,57 +167,68 @@ def sparse_attention_defaults(args, normalizer):
             setattr(args, name, default)
 
 
-def validate_sparse_attention_args(args):
-    """The checks of the command-line parsers, for configs built in Python or loaded from a
-    checkpoint (with --model-overrides); normalises the values in place as the parsers would.
+@dataclasses.dataclass(frozen=True)
+class AttentionNormalizers:
+    """The normalizer of each attention type and the options they share, checked once when
+    the model is built (from_args) and bound into every attention layer (build).
 
-    Args:
-        args: a namespace or config with every sparse attention option set
-            (sparse_attention_defaults).
-
-    Raises:
-        ValueError: naming the option and what is allowed, for a bad value, and for an
-            --alpha-init outside --alpha-clamp.
+    Attributes:
+        names: {attention_type: normalizer name} for every type of ATTENTION_TYPES.
+        config: the NormalizerConfig every attention's normalizer shares.
+        compile_function: whether the normalizers run through torch.compile.
     """
-    for name in ["attention_normalizer"] + [normalizer_option(t) for t in ATTENTION_TYPES]:
-        value = getattr(args, name)
-        if value is not None and value not in NORMALIZER_NAMES:
-            raise ValueError(
-                f"--{name.replace('_', '-')}: unknown normalizer {value!r}; "
-                f"allowed values: {', '.join(NORMALIZER_NAMES)}"
-            )
-    for name, check in NORMALIZER_CHECKS.items():
+
+    names: dict
+    config: NormalizerConfig
+    compile_function: bool = False
+
+    @classmethod
+    def from_args(cls, args):
+        """The choice a model config makes: the command line's, one built in Python, or a
+        checkpoint's with --model-overrides, checked as the command-line parsers check it.
+
+        Args:
+            args: a namespace or config with every sparse attention option set
+                (sparse_attention_defaults).
+
+        Returns:
+            An AttentionNormalizers.
+
+        Raises:
+            ValueError: naming the option and what is allowed, for an unknown normalizer, a
+                bad value, and an --alpha-init outside --alpha-clamp.
+        """
+        for option in ["attention_normalizer"] + [normalizer_option(t) for t in ATTENTION_TYPES]:
+            value = getattr(args, option)
+            if value is not None and value not in NORMALIZER_NAMES:
+                raise ValueError(
+                    f"--{option.replace('_', '-')}: unknown normalizer {value!r}; "
+                    f"allowed values: {', '.join(NORMALIZER_NAMES)}"
+                )
         try:
-            setattr(args, name, check(getattr(args, name)))
-        except ValueError as error:
-            raise ValueError(f"invalid sparse attention option --{name.replace('_', '-')}: {error}") from None
-    try:
-        NormalizerConfig(**{name: getattr(args, name) for name in NORMALIZER_CHECKS})
-    except ValueError:
-        # Each value is valid: what is left is an --alpha-init outside --alpha-clamp, where
-        # alpha is the bound and the clamp passes no gradient.
-        low, high = args.alpha_clamp
-        raise ValueError(
-            f"--alpha-init {args.alpha_init} is outside --alpha-clamp {low},{high}: every head "
-            f"would start at the bound and never learn its alpha; choose an --alpha-init in "
-            f"[{low}, {high}]. (Loading a trained model with another clamp, e.g. through "
-            f"--model-overrides, override alpha_init too, e.g. 'alpha_init': 'random': it only "
-            f"set the starting alphas, which the checkpoint replaces.)"
-        ) from None
+            config = NormalizerConfig(**{option: getattr(args, option) for option in NormalizerConfig.option_names()})
+        except NormalizerOptionError as error:
+            message = f"invalid sparse attention option --{error.option.replace('_', '-')}: {error.reason}"
+            if error.option == "alpha_init":
+                message += (
+                    ". (Loading a trained model with another clamp, e.g. through --model-overrides, override "
+                    "alpha_init too, e.g. 'alpha_init': 'random': it only set the starting alphas, which the "
+                    "checkpoint replaces.)"
+                )
+            raise ValueError(message) from None
+        names = {t: getattr(args, normalizer_option(t)) or args.attention_normalizer for t in ATTENTION_TYPES}
+        return cls(names, config, bool(args.compile_normalizers))
 
+    def build(self, attention_type, num_heads):
+        """The normalizer module of one attention.
 
-def build_attention_normalizer(cfg, attention_type, num_heads):
-    """The normalizer module of one attention, from the model's options.
+        Args:
+            attention_type: one of ATTENTION_TYPES.
+            num_heads: the attention's heads.
 
-    Args:
-        cfg: the model config, with the options set (by the model's options and its
-            architecture's defaults) and validated (validate_sparse_attention_args).
-        attention_type: one of ATTENTION_TYPES.
-        num_heads: the attention's heads.
-
-    Returns:
-        The AttentionNormalizer of the type's own normalizer, else of --attention-normalizer.
-    """
-    name = getattr(cfg, normalizer_option(attention_type), None) or cfg.attention_normalizer
-    options = {option: getattr(cfg, option) for option in NormalizerConfig.option_names()}
-    return build_normalizer(name, num_heads, compile_function=cfg.compile_normalizers, **options)
+        Returns:
+            The AttentionNormalizer of the type's normalizer.
+        """
+        return build_normalizer(
+            self.names[attention_type], num_heads, self.config, compile_function=self.compile_function
+        )

@@ -225,7 +225,7 @@ def test_a_bad_alpha_warmup_is_refused_at_parsing_and_in_a_config(tmp_path, caps
     in a checkpoint is checked the same way."""
     from fairseq import options
 
-    from fairseq_entmax.options import sparse_attention_defaults, validate_sparse_attention_args
+    from fairseq_entmax.options import AttentionNormalizers, sparse_attention_defaults
 
     with pytest.raises(SystemExit):
         options.parse_args_and_arch(
@@ -240,4 +240,4 @@ def test_a_bad_alpha_warmup_is_refused_at_parsing_and_in_a_config(tmp_path, caps
     sparse_attention_defaults(config, "alpha_entmax")
     refusal = "invalid sparse attention option --alpha-warmup-updates: allowed values are integers >= 0"
     with pytest.raises(ValueError, match=refusal):
-        validate_sparse_attention_args(config)
+        AttentionNormalizers.from_args(config)

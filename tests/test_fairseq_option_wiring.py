@@ -313,8 +313,8 @@ def test_a_trained_topk_fraction_survives_the_checkpoint_and_takes_precedence(fr
     ],
 )
 def test_a_bad_k_in_model_overrides_is_refused(topk8_checkpoint, tiny_data, overrides):
-    """validate_sparse_attention_args: "the same checks as the command-line parsers, for
-    configs built in Python" (--model-overrides among them): a k the command line refuses
+    """AttentionNormalizers.from_args: "checked as the command-line parsers check it", for
+    configs built in Python and --model-overrides: a k the command line refuses
     must not load as some other k."""
     with pytest.raises(ValueError, match="allowed values are integers >= 1"):
         load_checkpoint(topk8_checkpoint, tiny_data.data_bin, overrides)

@@ -104,7 +104,7 @@ def test_alpha_init_outside_the_alpha_clamp_is_refused(tiny_data):
         check=False,
     )
     assert proc.returncode != 0
-    assert "--alpha-init 1.3 is outside --alpha-clamp 1.01,1.2" in proc.stderr
+    assert "option --alpha-init: 1.3 is outside alpha_clamp (1.01, 1.2)" in proc.stderr
     assert "[1.01, 1.2]" in proc.stderr and "| epoch" not in proc.stdout
 
 

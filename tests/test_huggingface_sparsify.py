@@ -172,7 +172,7 @@ def test_trainer_callback_follows_the_steps_and_logs_the_alphas(tmp_path):
         ("topk", {"topk": 0}, ValueError, "topk: allowed values are integers >= 1, got 0"),
         ("topk", {"topk": 2.5}, ValueError, "topk: allowed values are integers >= 1"),
         ("topk", {"topk_fraction": 0}, ValueError, r"topk_fraction: allowed values are numbers in \(0, 1\]"),
-        ("alpha_entmax", {"alpha_init": 1.005}, ValueError, r"alpha_init 1.005 is outside alpha_clamp \(1.01, 2.0\)"),
+        ("alpha_entmax", {"alpha_init": 1.005}, ValueError, r"alpha_init: 1.005 is outside alpha_clamp \(1.01, 2.0\)"),
         ("alpha_entmax", {"alpha_init": 2.5}, ValueError, r"alpha_init: allowed values are 'random' or a number in"),
         ("alpha_entmax", {"alpha_clamp": (1.5, 1.2)}, ValueError, "alpha_clamp: expected MIN,MAX with 1 <= MIN < MAX"),
         ("alpha_entmax", {"alpha_warmup_updates": -1}, ValueError, "alpha_warmup_updates: allowed values are integers"),

@@ -189,3 +189,18 @@ def test_the_config_normalises_what_the_command_line_and_a_checkpoint_give():
     assert NormalizerConfig(alpha_init="Random").alpha_init == "random"
     module = build_normalizer("alpha_entmax", HEADS, alpha_init="1.5", alpha_clamp="1.1,1.8")
     assert module.clamp == (1.1, 1.8) and torch.allclose(module.head_alpha(), torch.full((HEADS,), 1.5))
+
+
+def test_a_config_built_once_gives_the_modules_its_options():
+    """A model checks its options once into a NormalizerConfig and builds every attention's
+    normalizer from it: the same module as from the options themselves; options beside a
+    config are refused, since the config holds them all."""
+    config = NormalizerConfig(alpha_init=1.3, alpha_clamp=(1.1, 1.9), topk=3)
+    learned = build_normalizer("alpha_entmax", HEADS, config)
+    assert learned.clamp == (1.1, 1.9)
+    torch.testing.assert_close(learned.head_alpha().detach(), torch.full((HEADS,), 1.3))
+    x = scores()
+    from_options = build_normalizer("topk", HEADS, topk=3)
+    torch.testing.assert_close(build_normalizer("topk", HEADS, config)(x), from_options(x), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="given with a config"):
+        build_normalizer("topk", HEADS, config, topk=4)

@@ -40,9 +40,6 @@ LOAD_HINT = (
     "sparse_hf.from_pretrained(ModelClass, path)"
 )
 
-# sparsify's options: those of build_normalizer, checked and defaulted by NormalizerConfig.
-OPTIONS = NormalizerConfig.option_names()
-
 # The families the tests cover; any model whose attention dispatches through AttentionInterface works.
 TESTED_FAMILIES = "Marian, BERT, Llama, Qwen2 and T5"
 
@@ -145,11 +142,12 @@ def check_options(name, options):
     Args:
         name: the normalizer of every attention type, one of NORMALIZER_NAMES, or
             {attention_type: normalizer} for some of fairseq_entmax.names.ATTENTION_TYPES.
-        options: {option: value} for some of OPTIONS (the rest take NormalizerConfig's defaults).
+        options: {option: value} for some of NormalizerConfig's options (the rest take its defaults).
 
     Returns:
-        {"normalizer": name, option: value for every option}, the values normalised
-        (alpha_clamp a list), as sparsify records them.
+        (record, config): the record {"normalizer": name, option: value for every option},
+        the values normalised (alpha_clamp a list), as sparsify writes it into the model's
+        config; the NormalizerConfig every normalizer is built with.
 
     Raises:
         ValueError: for an unknown normalizer or attention type (listing the known ones), a bad
@@ -173,9 +171,10 @@ def check_options(name, options):
     for each in names:
         if each not in NORMALIZER_NAMES:
             raise ValueError(f"unknown normalizer {each!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
-    record = {"normalizer": name, **dataclasses.asdict(NormalizerConfig.from_options(options))}
+    config = NormalizerConfig.from_options(options)
+    record = {"normalizer": name, **dataclasses.asdict(config)}
     record["alpha_clamp"] = list(record["alpha_clamp"])  # as config.json gives it back
-    return record
+    return record, config
 
 
 class Float32AlphaEntmax(LearnedAlphaEntmax):
@@ -187,10 +186,10 @@ class Float32AlphaEntmax(LearnedAlphaEntmax):
     float32_tensors = (*LearnedAlphaEntmax.float32_tensors, "alpha_logit")
 
 
-def _build_normalizer(name, heads, options):
+def _build_normalizer(name, heads, config):
     if name == "alpha_entmax":
-        return Float32AlphaEntmax(heads, NormalizerConfig(**options))
-    return build_normalizer(name, heads, **options)
+        return Float32AlphaEntmax(heads, config)
+    return build_normalizer(name, heads, config)
 
 
 def _normalizer_name(record, attention_type):
@@ -199,16 +198,15 @@ def _normalizer_name(record, attention_type):
     return chosen if isinstance(chosen, str) else chosen.get(attention_type)
 
 
-def _build_normalizers(modules, record):
+def _build_normalizers(modules, record, config):
     """One normalizer per module of attention_modules, None where the record names none."""
-    options = {option: record[option] for option in OPTIONS}
     normalizers = []
     for attention_type, _, _, module, heads in modules:
         name = _normalizer_name(record, attention_type)
         if name is None:
             normalizers.append(None)
             continue
-        normalizer = _build_normalizer(name, heads, options)
+        normalizer = _build_normalizer(name, heads, config)
         parameter = next(module.parameters(), None)
         if parameter is not None:
             # On the attention's device (also under device_map); the dtype stays float32.
@@ -270,9 +268,9 @@ def sparsify(model, name, **options):
             check_options), or a model that is not supported (see attention_modules). The model is
             left unchanged.
     """
-    record = check_options(name, options)
+    record, config = check_options(name, options)
     modules = attention_modules(model)
-    normalizers = _build_normalizers(modules, record)
+    normalizers = _build_normalizers(modules, record, config)
     model.set_attn_implementation(SPARSIFIED)
     _attach(model, modules, normalizers, record)
     return model
@@ -285,7 +283,8 @@ def sparse_attention_record(config):
         config: a transformers PretrainedConfig.
 
     Returns:
-        The record (see sparsify), checked, or None for a model sparsify did not touch.
+        (record, NormalizerConfig) as check_options gives them, the record with its
+        num_updates; None for a model sparsify did not touch.
 
     Raises:
         ValueError: for a record that sparsify would not have written.
@@ -296,12 +295,12 @@ def sparse_attention_record(config):
     if not isinstance(stored, dict) or "normalizer" not in stored:
         raise ValueError(f"config.{CONFIG_KEY} is not a record of sparsify: {stored!r}")
     options = {key: value for key, value in stored.items() if key not in ("normalizer", "num_updates")}
-    record = check_options(stored["normalizer"], options)
+    record, normalizer_config = check_options(stored["normalizer"], options)
     try:
         record["num_updates"] = check_alpha_warmup_updates(stored.get("num_updates", 0))
     except ValueError as error:
         raise ValueError(f"config.{CONFIG_KEY} num_updates: {error}") from None
-    return record
+    return record, normalizer_config
 
 
 def _concrete_class(model_class, config):
@@ -342,12 +341,13 @@ def from_pretrained(model_class, path, **kwargs):
         raise OSError(
             f"{path}: not a directory written by save_pretrained, nor a model transformers can fetch ({error})"
         ) from error
-    record = sparse_attention_record(config)
-    if record is None:
+    found = sparse_attention_record(config)
+    if found is None:
         raise ValueError(
             f"{path}: not a model that fairseq_entmax.huggingface.sparsify changed (its config has no "
             f"{CONFIG_KEY!r}); load it with {model_class.__name__}.from_pretrained(path) and call sparsify(model, name)"
         )
+    record, normalizer_config = found
     requested = kwargs.pop("attn_implementation", SPARSIFIED)
     if requested != SPARSIFIED:
         raise ValueError(
@@ -360,7 +360,7 @@ def from_pretrained(model_class, path, **kwargs):
     def __init__(self, config, *args, **init_kwargs):
         concrete.__init__(self, config, *args, **init_kwargs)
         modules = attention_modules(self)
-        _attach(self, modules, _build_normalizers(modules, record), record)
+        _attach(self, modules, _build_normalizers(modules, record, normalizer_config), record)
 
     # A subclass that adds the normalizers as the model is built, before transformers loads
     # the weights into it; the loaded model is then given back its own class.
@@ -378,7 +378,7 @@ def from_pretrained(model_class, path, **kwargs):
         raise ValueError(f"{path}: its weights lack {', '.join(lacking)}, which sparsify's model saves")
     # The non-learned normalizers store nothing: built again on the loaded model's device.
     modules = attention_modules(model)
-    fresh = _build_normalizers(modules, record)
+    fresh = _build_normalizers(modules, record, normalizer_config)
     normalizers = [
         getattr(module, NORMALIZER_ATTRIBUTE) if new is not None and new.learns_alpha else new
         for (_, _, _, module, _), new in zip(modules, fresh)

@@ -37,11 +37,7 @@ from fairseq_entmax.modules import (
 )
 from fairseq_entmax.names import ALPHA_STATISTICS, alpha_head_metric_name, alpha_metric_name
 from fairseq_entmax.normalizers import alpha_entmax
-from fairseq_entmax.options import (
-    add_sparse_attention_args,
-    sparse_attention_defaults,
-    validate_sparse_attention_args,
-)
+from fairseq_entmax.options import AttentionNormalizers, add_sparse_attention_args, sparse_attention_defaults
 
 MODEL_NAME = "adaptively_sparse_transformer"
 
@@ -62,12 +58,12 @@ def _wrap_layer(layer, cfg):
 
 class SparseTransformerEncoder(TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
-        return _wrap_layer(SparseTransformerEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        return _wrap_layer(SparseTransformerEncoderLayer(cfg, cfg.attention_normalizers, return_fc=self.return_fc), cfg)
 
 
 class SparseTransformerDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return _wrap_layer(SparseTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
+        return _wrap_layer(SparseTransformerDecoderLayer(cfg, cfg.attention_normalizers, no_encoder_attn), cfg)
 
 
 def attention_modules(model):
@@ -141,8 +137,10 @@ class AdaptivelySparseTransformerModel(TransformerModel):
             # keeps ours on the config the layers read.
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         sparse_attention_defaults(args, normalizer="alpha_entmax")
-        validate_sparse_attention_args(args)
-        return super().build_model(args, task)
+        # Checked once here, then bound into every layer (TransformerConfig.from_namespace
+        # carries the attribute to them); on a copy, so that the caller's config stays plain data.
+        normalizers = AttentionNormalizers.from_args(args)
+        return super().build_model(argparse.Namespace(**vars(args), attention_normalizers=normalizers), task)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

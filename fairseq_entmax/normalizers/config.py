@@ -108,6 +108,21 @@ def check_topk_fraction(value):
     return None if value is None else check_number_in_interval(value, 0, 1, low_open=True)
 
 
+class NormalizerOptionError(ValueError):
+    """A bad option value of NormalizerConfig: "OPTION: what is allowed, got VALUE".
+
+    Attributes:
+        option: the option's name (alpha_init, ...), for callers that name it their own way
+            (fairseq's --alpha-init).
+        reason: what is wrong, without the option's name.
+    """
+
+    def __init__(self, option, reason):
+        super().__init__(f"{option}: {reason}")
+        self.option = option
+        self.reason = reason
+
+
 @dataclasses.dataclass(frozen=True)
 class NormalizerConfig:
     """The options of the normalizer modules, checked and normalised when made.
@@ -124,9 +139,9 @@ class NormalizerConfig:
         topk_min: top-k's minimum with a fraction.
 
     Raises:
-        ValueError: naming the option and what is allowed, for a bad value, and for a numeric
-            alpha_init outside alpha_clamp (a head there would sit at the bound, where the
-            clamp passes no gradient, and never learn its alpha).
+        NormalizerOptionError (a ValueError): naming the option and what is allowed, for a bad
+            value, and for a numeric alpha_init outside alpha_clamp (a head there would sit at
+            the bound, where the clamp passes no gradient, and never learn its alpha).
         TypeError: for an option it does not have.
     """
 
@@ -142,12 +157,13 @@ class NormalizerConfig:
             try:
                 object.__setattr__(self, name, check(getattr(self, name)))
             except ValueError as error:
-                raise ValueError(f"{name}: {error}") from None
+                raise NormalizerOptionError(name, str(error)) from None
         low, high = self.alpha_clamp
         if self.alpha_init != "random" and not low <= self.alpha_init <= high:
-            raise ValueError(
-                f"alpha_init {self.alpha_init} is outside alpha_clamp ({low}, {high}): every head would stay "
-                f"at the bound and never learn its alpha; choose an alpha_init in [{low}, {high}]"
+            raise NormalizerOptionError(
+                "alpha_init",
+                f"{self.alpha_init} is outside alpha_clamp ({low}, {high}): every head would stay at the bound "
+                f"and never learn its alpha; choose an alpha_init in [{low}, {high}]",
             )
 
     @classmethod

@@ -1,6 +1,6 @@
 """The normalizers as torch modules: one per attention, called on its scores.
 
-`build_normalizer(name, num_heads, **options)` is the one factory: it knows every normalizer by
+`build_normalizer(name, num_heads, config)` is the one factory: it knows every normalizer by
 name and binds its function once (compiled with torch.compile when asked). The module owns
 what the normalizer learns (the per-head alpha logits of learned alpha-entmax, their clamp and
 warm-up) and its own parameters (top-k's k, fraction and minimum), so an attention layer only
@@ -249,16 +249,18 @@ class LearnedAlphaEntmax(AttentionNormalizer):
 _FIXED_ALPHA = {"softmax": (softmax, 1.0), "entmax15": (entmax15, 1.5), "sparsemax": (sparsemax, 2.0)}
 
 
-def build_normalizer(name, num_heads, *, compile_function=False, **options):
+def build_normalizer(name, num_heads, config=None, *, compile_function=False, **options):
     """The normalizer module of one attention.
 
     Args:
         name: one of NORMALIZER_NAMES.
         num_heads: the attention's heads.
+        config: a NormalizerConfig, checked once by its maker and shared by the attentions of
+            a model; or None, for one made of `options`.
         compile_function: run the normalizer's function through torch.compile.
-        **options: NormalizerConfig's options (learned alpha-entmax's alpha_init, alpha_clamp
-            and alpha_warmup_updates, top-k's topk, topk_fraction and topk_min), checked there;
-            the maps that do not read an option ignore it.
+        **options: without config, NormalizerConfig's options (learned alpha-entmax's
+            alpha_init, alpha_clamp and alpha_warmup_updates, top-k's topk, topk_fraction and
+            topk_min), checked there; the maps that do not read an option ignore it.
 
     Returns:
         An AttentionNormalizer.
@@ -266,11 +268,15 @@ def build_normalizer(name, num_heads, *, compile_function=False, **options):
     Raises:
         ValueError: for an unknown name, listing the known ones, and for a bad option value,
             naming the option and what is allowed.
-        TypeError: for an unknown option, listing the known ones.
+        TypeError: for an unknown option, listing the known ones, and for both a config and
+            options.
     """
     if name not in NORMALIZER_NAMES:
         raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZER_NAMES)}")
-    config = NormalizerConfig.from_options(options)
+    if config is None:
+        config = NormalizerConfig.from_options(options)
+    elif options:
+        raise TypeError(f"build_normalizer: options {sorted(options)} given with a config, which holds them all")
     if name in _FIXED_ALPHA:
         function, alpha = _FIXED_ALPHA[name]
         return FixedAlphaEntmax(name, function, alpha, num_heads, compile_function)
