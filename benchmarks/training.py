@@ -52,7 +52,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16
 # own Transformer, is the baseline of every ratio. "softmax" is the same softmax through
 # SparseMultiheadAttention, which forgoes PyTorch's fused attention: it separates the cost of
 # the plugin's attention path from that of the maps.
-MODELS = {
+MODEL_TRAIN_ARGS = {
     "transformer": ["--arch", "{base_arch}"],
     **{
         name: ["--arch", "adaptively_sparse_{base_arch}", "--attention-normalizer", name]
@@ -76,7 +76,7 @@ COMPILED_SUFFIX = "_compiled"
 
 
 def label(model):
-    """How the reports name a model of MODELS, or a compiled one ("<name>_compiled")."""
+    """How the reports name a model of MODEL_TRAIN_ARGS, or a compiled one ("<name>_compiled")."""
     if model.endswith(COMPILED_SUFFIX):
         return f"{LABELS[model.removesuffix(COMPILED_SUFFIX)]}, compiled"
     return LABELS[model]
@@ -462,9 +462,10 @@ def build_parser():
     parser.add_argument(
         "--models",
         nargs="+",
-        choices=list(MODELS),
+        choices=list(MODEL_TRAIN_ARGS),
         metavar="MODEL",
-        help="measure only these models (and the baseline, always first); default: all of " + " ".join(MODELS),
+        help="measure only these models (and the baseline, always first); default: all of "
+        + " ".join(MODEL_TRAIN_ARGS),
     )
     parser.add_argument(
         "--compile",
@@ -521,8 +522,8 @@ def plan_from(args, parser):
     """
     models = {
         name: model_args
-        for name, model_args in MODELS.items()
-        if args.models is None or name in args.models or name == next(iter(MODELS))
+        for name, model_args in MODEL_TRAIN_ARGS.items()
+        if args.models is None or name in args.models or name == next(iter(MODEL_TRAIN_ARGS))
     }
     compiled = {}
     if args.only_compiled and not args.compile:
@@ -531,7 +532,7 @@ def plan_from(args, parser):
         compiled = {name + COMPILED_SUFFIX: name for name in COMPILED if name in models}
         if args.only_compiled:
             models = {name: model_args for name, model_args in models.items() if name not in COMPILED}
-        models.update((label, MODELS[name] + ["--compile-normalizers"]) for label, name in compiled.items())
+        models.update((label, MODEL_TRAIN_ARGS[name] + ["--compile-normalizers"]) for label, name in compiled.items())
     if args.rounds < 1 or args.gen_repeats < 1 or args.updates < 1:
         parser.error("--rounds, --gen-repeats and --updates must be at least 1")
     if args.gen_sentences is not None and (args.gen_sentences < 2 * GEN_BATCH or args.gen_sentences % GEN_BATCH):

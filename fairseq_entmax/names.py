@@ -5,7 +5,7 @@ logs, each written here once. Imports neither torch nor fairseq."""
 import re
 
 # The normalizers, by the names that build_normalizer, --attention-normalizer and the examples'
-# variants take (none needs quoting on a command line), in the order tables list them, each with
+# normalizers take (none needs quoting on a command line), in the order tables list them, each with
 # the label tables and figures show for it.
 NORMALIZER_LABELS = {
     "softmax": "softmax",

@@ -8,7 +8,7 @@ Fixtures for other test files:
   data_bin, save_dir, train_log, normalizer), trained once per test run and normalizer
   (pytest-xdist's workers share them).
 - `tiny_model_args`: the fairseq-train arguments of those models (architecture and sizes),
-  for tests that train a variant themselves.
+  for tests that train a normalizer themselves.
 - `fairseq_plugin`: fairseq in this process with the plugin loaded, as `--user-dir` leaves it,
   for the tests that load checkpoints, build models or generate in-process. Only they request
   it, so that the torch-only tests run where fairseq is not installed

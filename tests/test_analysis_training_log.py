@@ -13,12 +13,12 @@ from fairseq.logging import progress_bar
 
 from fairseq_entmax.analysis.plots import mean_over_runs, plot_learning_curves
 from fairseq_entmax.analysis.training_log import (
-    group_by_variant,
+    group_by_normalizer,
+    normalizer_name,
     read_log_file,
     read_tensorboard,
     read_trajectories,
     read_validation_curve,
-    variant_name,
 )
 from helpers import USER_DIR, arguments, fairseq_command, run, run_analyze
 
@@ -304,12 +304,12 @@ def test_a_resumed_run_repeating_a_validation_keeps_the_later_one(tmp_path):
     assert read_validation_curve(log)["num_updates"] == [100, 200, 300]
 
 
-def test_model_names_group_by_variant_without_the_seed():
-    assert variant_name("alpha_entmax-seed1") == variant_name("alpha_entmax_seed22") == "alpha_entmax"
-    assert variant_name("softmax") == "softmax"
-    assert variant_name("seed1") == "seed1" and variant_name("entmax-seed1-big") == "entmax-seed1-big"
+def test_model_names_group_by_normalizer_without_the_seed():
+    assert normalizer_name("alpha_entmax-seed1") == normalizer_name("alpha_entmax_seed22") == "alpha_entmax"
+    assert normalizer_name("softmax") == "softmax"
+    assert normalizer_name("seed1") == "seed1" and normalizer_name("entmax-seed1-big") == "entmax-seed1-big"
     a1, a2, b1 = ({"num_updates": [i], "ppl": [float(i)]} for i in (1, 2, 3))
-    groups = group_by_variant([("a-seed1", a1), ("b_seed1", b1), ("a-seed2", a2), ("c", None), ("d", {})])
+    groups = group_by_normalizer([("a-seed1", a1), ("b_seed1", b1), ("a-seed2", a2), ("c", None), ("d", {})])
     assert groups == {"a": [a1, a2], "b": [b1]}  # runs without validations left out
 
 
@@ -340,10 +340,10 @@ def test_learning_curves_figure_averages_the_runs_of_each_label(tmp_path):
 
 
 @pytest.mark.slow
-def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_variant(
+def test_analyze_command_writes_learning_curves_of_the_seeds_of_each_normalizer(
     validated_run, trained_model, tiny_data, tmp_path
 ):
-    """Through the real fairseq-entmax-analyze: two 'seeds' of one variant (the validated run
+    """Through the real fairseq-entmax-analyze: two 'seeds' of one normalizer (the validated run
     twice: its log found in the checkpoint, and given with --train-log) and another model given
     its fairseq-train output; --gen-subset for --subset."""
     checkpoint = validated_run / "checkpoints" / "checkpoint_last.pt"

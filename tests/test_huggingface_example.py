@@ -38,7 +38,7 @@ def _alpha_block(output, title):
     return {(kind, int(layer)): [float(value) for value in values.split()] for kind, layer, values in lines}
 
 
-def test_prints_bleu_and_chrf_for_the_four_variants_and_the_fine_tuned_model(tiny_output):
+def test_prints_bleu_and_chrf_for_the_four_normalizers_and_the_fine_tuned_model(tiny_output):
     _, output = tiny_output
     table = _table(output)
     assert tuple(table) == ROWS

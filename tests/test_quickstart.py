@@ -25,12 +25,12 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 # As `make demo` runs it, from the repository root (cwd=REPO).
 QUICKSTART = (sys.executable, "-m", "examples.quickstart.quickstart")
-VARIANTS = ("softmax", "entmax15", "alpha_entmax", "topk")
+NORMALIZERS = ("softmax", "entmax15", "alpha_entmax", "topk")
 
 
 @pytest.fixture(scope="module")
 def tiny_demo(tmp_path_factory):
-    """One --tiny quickstart run with all four variants (module-scoped: about a minute)."""
+    """One --tiny quickstart run with all four normalizers (module-scoped: about a minute)."""
     work = tmp_path_factory.mktemp("quickstart") / "work"
     proc = run([*QUICKSTART, "--tiny", "--work-dir", work], timeout=900, cwd=REPO)
     return work, proc.stdout + proc.stderr
@@ -39,15 +39,15 @@ def tiny_demo(tmp_path_factory):
 def test_quickstart_prints_one_row_per_model_with_scores_density_alpha_and_time(tiny_demo):
     work, output = tiny_demo
     rows = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
-    assert set(rows) == set(VARIANTS)
-    for variant, row in rows.items():
+    assert set(rows) == set(NORMALIZERS)
+    for normalizer, row in rows.items():
         assert 0.0 <= row["bleu"] <= 100.0 and 0.0 <= row["chrf"] <= 100.0
         assert row["bleu_signature"].startswith("nrefs:1|") and "tok:13a" in row["bleu_signature"]
         assert row["chrf_signature"].startswith("nrefs:1|")
         assert row["train_seconds"] > 0
         assert set(row["density"]) == set(ATTENTION_TYPES)
         # The table row of this model, as printed.
-        assert any(line.startswith(f"| {variant} ") for line in output.splitlines()), output[-3000:]
+        assert any(line.startswith(f"| {normalizer} ") for line in output.splitlines()), output[-3000:]
     # Softmax gives every key weight; top-k (k = 2 at this size) keeps a fraction of them.
     assert all(rows["softmax"]["density"][t] > 0.99 for t in ATTENTION_TYPES)
     assert all(rows["topk"]["density"][t] < 0.9 for t in ATTENTION_TYPES)
@@ -60,18 +60,18 @@ def test_quickstart_prints_one_row_per_model_with_scores_density_alpha_and_time(
     assert "BLEU: nrefs:1" in output and "chrF: nrefs:1" in output
     assert list((work / "analysis").glob("*.png")), "fairseq-entmax-analyze wrote no figures"
     # The toy pair keeps its fixed budget: no patience, the last checkpoint, no stopping column.
-    for variant in VARIANTS:
-        command = (work / "models" / f"{variant}-seed1" / "train.log").read_text().splitlines()[0].split()
+    for normalizer in NORMALIZERS:
+        command = (work / "models" / f"{normalizer}-seed1" / "train.log").read_text().splitlines()[0].split()
         assert "--patience" not in command and command[command.index("--max-update") + 1] == "20"
-        assert Path(rows[variant]["checkpoint"]).name == "checkpoint_last.pt"
+        assert Path(rows[normalizer]["checkpoint"]).name == "checkpoint_last.pt"
     assert "stopped by" not in output and "converged" not in output
 
 
 def test_quickstart_translations_cover_the_test_set(tiny_demo):
     work, _ = tiny_demo
     n_test = len((work / "raw" / "test.sov").read_text().splitlines())
-    for variant in VARIANTS:
-        hypotheses = (work / "eval" / f"{variant}-seed1" / "test.hyp").read_text().split("\n")[:-1]
+    for normalizer in NORMALIZERS:
+        hypotheses = (work / "eval" / f"{normalizer}-seed1" / "test.hyp").read_text().split("\n")[:-1]
         assert len(hypotheses) == n_test
 
 

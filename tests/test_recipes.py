@@ -38,8 +38,8 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # The smoke run trains the baseline and learned alpha for 100 updates (two validations and two
 # checkpoints to average): every stage runs, at two thirds of the default's models and half its
 # updates; the dry-run tests check the default's three.
-VARIANTS = ("softmax", "alpha_entmax")
-SMOKE_OPTIONS = ("--models", *VARIANTS, "--max-update", "100")
+NORMALIZERS = ("softmax", "alpha_entmax")
+SMOKE_OPTIONS = ("--models", *NORMALIZERS, "--max-update", "100")
 
 
 needs_shared_data = pytest.mark.requires(
@@ -65,31 +65,31 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
     rows = json.loads((work / "results-seed1.json").read_text())
     best = {row["model"]: row for row in rows if row["selection"] == "best"}
     averaged = {row["model"]: row for row in rows if row["selection"] == "average"}
-    assert set(best) == set(averaged) == set(VARIANTS)
+    assert set(best) == set(averaged) == set(NORMALIZERS)
     # The smoke test set is the first 200 lines of TED tst2014.
     references = (SHARED_DATA / "iwslt16_de_en_sample" / "test.en").read_text(encoding="utf-8").split("\n")[:200]
     assert corpus.read_lines(work / "raw" / "test.en") == [r.strip() for r in references]
-    for variant, row in best.items():
+    for normalizer, row in best.items():
         # The checkpoint of the best validation accuracy, as the paper selects models.
         assert Path(row["checkpoint"]).name == "checkpoint_best.pt" and Path(row["checkpoint"]).exists()
         logged = [
             float(a)
             for a in re.findall(
                 r"valid on 'valid' subset \|.*\| accuracy ([\d.]+)",
-                (work / "models" / f"{variant}-seed1" / "train.log").read_text(),
+                (work / "models" / f"{normalizer}-seed1" / "train.log").read_text(),
             )
         ]
         saved = torch.load(row["checkpoint"], map_location="cpu", weights_only=False)["extra_state"]
         assert len(logged) >= 2 and saved["best"] == pytest.approx(max(logged), abs=1e-3)
-        hypotheses = corpus.read_lines(work / "eval" / f"{variant}-seed1-best" / "test.hyp")
+        hypotheses = corpus.read_lines(work / "eval" / f"{normalizer}-seed1-best" / "test.hyp")
         assert len(hypotheses) == 200
         assert "tok:none" in row["bleu_tok_signature"] and "tok:13a" in row["bleu_signature"]
         assert 0 <= row["bleu_tok"] <= 100 and 0 <= row["bleu"] <= 100 and 0 <= row["chrf"] <= 100
         assert row["train_seconds"] > 0
         assert set(row["density"]) == {"encoder_self", "decoder_self", "cross"}
         # The average of the last 2 checkpoints is an option, evaluated and reported apart.
-        assert Path(averaged[variant]["checkpoint"]).name == "checkpoint_avg2.pt"
-        assert len(corpus.read_lines(work / "eval" / f"{variant}-seed1-average" / "test.hyp")) == 200
+        assert Path(averaged[normalizer]["checkpoint"]).name == "checkpoint_avg2.pt"
+        assert len(corpus.read_lines(work / "eval" / f"{normalizer}-seed1-average" / "test.hyp")) == 200
     assert "Average of the last 2 checkpoints" in output and "| softmax (avg 2) " in output
     # Joint BPE: one codes file, one joined dictionary for both languages.
     assert (work / "bpe" / "codes").exists()
@@ -102,8 +102,8 @@ def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     work, _ = iwslt_smoke
     stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
     proc = run([*RECIPE, "iwslt17", "--smoke", *SMOKE_OPTIONS, "--work-dir", work], timeout=600, cwd=REPO)
-    for variant in VARIANTS:
-        assert f"{variant} [" in proc.stdout and "already trained" in proc.stdout
+    for normalizer in NORMALIZERS:
+        assert f"{normalizer} [" in proc.stdout and "already trained" in proc.stdout
     assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
     assert (work / "data-bin" / "preprocess.done").stat().st_mtime == stamp
 
@@ -114,7 +114,7 @@ def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
     with the reason instead of reporting them as 7-update models."""
     work, _ = iwslt_smoke
     proc = run(
-        [*RECIPE, "iwslt17", "--smoke", "--models", *VARIANTS, "--work-dir", work, "--max-update", "7"],
+        [*RECIPE, "iwslt17", "--smoke", "--models", *NORMALIZERS, "--work-dir", work, "--max-update", "7"],
         check=False,
         timeout=600,
         cwd=REPO,
@@ -143,7 +143,7 @@ def test_a_model_trained_before_a_setting_existed_is_that_settings_default(tmp_p
     """A finished model whose marker predates a TrainSettings field is reused when the run asks
     for that field's default (the command it was trained with), and refused otherwise."""
     settings = training.TrainSettings(arch="adaptively_sparse_transformer", max_update=100)
-    recorded = {"variant": "softmax", "seed": 1, **dataclasses.asdict(settings)}
+    recorded = {"normalizer": "softmax", "seed": 1, **dataclasses.asdict(settings)}
     del recorded["share_all_embeddings"], recorded["max_epoch"]
     save_dir = tmp_path / "softmax-seed1"
     markers.mark_done(save_dir / "train.started", settings=recorded)
@@ -494,7 +494,7 @@ def test_dry_run_trains_with_the_settings_of_the_table(tmp_path, task, interval)
     proc = _dry_run(task, "--work-dir", tmp_path / "work")
     lines = proc.stdout.splitlines()
     train = [line for line in lines if line.split()[0].endswith("fairseq-train")]
-    # The paper's Table 1 variants, top-k only on request.
+    # The paper's Table 1 normalizers, top-k only on request.
     assert [_option(c, "--attention-normalizer") for c in train] == ["softmax", "entmax15", "alpha_entmax"]
     recipe = tasks.RECIPE
     for command in train:
@@ -650,7 +650,7 @@ def test_iwslt14_dry_run_trains_and_selects_as_the_authors_script(tmp_path):
     train = _commands(output, "fairseq-train")
     # softmax and top-k, seeds 1-3, as the authors' script runs them.
     assert [(_option(c, "--attention-normalizer"), _option(c, "--seed")) for c in train] == [
-        (variant, seed) for seed in "123" for variant in ("softmax", "topk")
+        (normalizer, seed) for seed in "123" for normalizer in ("softmax", "topk")
     ]
     for command in train:
         assert _option(command, "--arch") == "explicit_sparse_transformer_iwslt_de_en"

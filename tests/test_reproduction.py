@@ -1,6 +1,6 @@
 """The reduced-scale reproduction (examples/reproduction/reduced_scale.py) at its tiny budget,
 on the real IWSLT16 sample in ../shared/data: every stage runs, the table groups seeds per
-variant, paired differences to softmax with their intervals, paired bootstrap p-values and
+normalizer, paired differences to softmax with their intervals, paired bootstrap p-values and
 learning curves are reported, the patience stops a training that no longer improves, a rerun
 reuses what is finished, and bad input stops before any work. The report's pure parts (the
 t quantile, the paired interval, the tables, the runs of --models) on hand-made rows whose
@@ -67,7 +67,7 @@ def tiny_reproduction(tmp_path_factory):
 
 
 @needs_shared_data
-def test_every_variant_and_seed_is_trained_translated_scored_and_tabled(tiny_reproduction):
+def test_every_normalizer_and_seed_is_trained_translated_scored_and_tabled(tiny_reproduction):
     work, output, _ = tiny_reproduction
     rows = json.loads((work / "results.json").read_text())["runs"]
     assert sorted((r["model"], r["seed"]) for r in rows) == [("softmax", 1), ("softmax", 2), ("topk", 1), ("topk", 2)]
@@ -93,7 +93,7 @@ def test_every_variant_and_seed_is_trained_translated_scored_and_tabled(tiny_rep
     softmax = [r for r in rows if r["model"] == "softmax"]
     assert all(r["density"]["encoder_self"] < 1.0 for r in topk)
     assert all(r["density"]["encoder_self"] == pytest.approx(1.0) for r in softmax)
-    # One line per variant with mean ± standard deviation over its two seeds.
+    # One line per normalizer with mean ± standard deviation over its two seeds.
     table = (work / "results.md").read_text()
     assert table in output
     softmax_line = next(line for line in table.splitlines() if line.startswith("| softmax |"))
@@ -102,7 +102,7 @@ def test_every_variant_and_seed_is_trained_translated_scored_and_tabled(tiny_rep
     assert softmax_line.rstrip().endswith("| 2 |")
     best_updates = [r["best_update"] for r in softmax]
     assert f"| {statistics.mean(best_updates):.0f} ± {statistics.stdev(best_updates):.0f} |" in softmax_line
-    # The attention analysis per variant: density, head diversity and specialised heads.
+    # The attention analysis per normalizer: density, head diversity and specialised heads.
     heads = table[table.index("Attention analysis") :]
     topk_heads = next(line for line in heads.splitlines() if line.startswith("| topk |"))
     density = [r["density"]["encoder_self"] for r in topk]
@@ -311,7 +311,7 @@ def test_differences_are_paired_by_seed():
     assert paired_differences(rows, "best_valid_accuracy")["entmax15"]["seeds"] == [1, 2]
 
 
-def test_paired_differences_table_shows_each_variant_with_its_interval():
+def test_paired_differences_table_shows_each_normalizer_with_its_interval():
     table = "\n".join(paired_differences_table(HAND_MADE_ROWS))
     assert table.splitlines()[0] == "| model | seeds | tok BLEU | sacreBLEU | chrF | valid accuracy |"
     # tok BLEU and sacreBLEU differ by the same 1, 0, 2; chrF by twice that; accuracy by a tenth
@@ -322,14 +322,14 @@ def test_paired_differences_table_shows_each_variant_with_its_interval():
     assert paired_differences_table([r for r in HAND_MADE_ROWS if r["model"] != "softmax"]) == []
 
 
-def test_summary_has_a_line_per_variant_softmax_first_with_best_update_and_heads():
+def test_summary_has_a_line_per_normalizer_softmax_first_with_best_update_and_heads():
     args = SimpleNamespace(data=Path("multi30k"), budget="converged", seeds=[1, 2, 3])
     budget = dict(reduced_scale.BUDGETS["converged"])
     report = summarize(HAND_MADE_ROWS, args, {"train": 100, "valid": 10, "test": 10}, budget, [], None)
     lines = report.splitlines()
     first = lines.index("|---|---|---|---|---|---|---|---|---|---|---|") + 1
-    variants = [line.split(" | ")[0][2:] for line in lines[first : lines.index("", first)]]
-    assert variants == ["softmax", "entmax15", "sparsemax", "topk"]
+    normalizers = [line.split(" | ")[0][2:] for line in lines[first : lines.index("", first)]]
+    assert normalizers == ["softmax", "entmax15", "sparsemax", "topk"]
     softmax = next(line for line in lines if line.startswith("| softmax | "))
     # tok BLEU 30.5, 31.5, 32.5; sacreBLEU 30, 31, 32; chrF 60, 62, 64; accuracy 53, 53.1, 53.2;
     # best update 1100, 1200, 1300
@@ -338,7 +338,7 @@ def test_summary_has_a_line_per_variant_softmax_first_with_best_update_and_heads
     assert next(line for line in lines if line.startswith("| sparsemax | ")).count("| cap |") == 1
     assert "seeds: softmax 1, 2, 3; entmax15 1, 2, 3; sparsemax 1; topk 2, 4" in lines[0]
     assert "| entmax15 | 1, 2, 3 | +1.00 [-1.48, +3.48] |" in report
-    # the heads per variant: density, JS per attention type, specialised heads (mean ± sd)
+    # the heads per normalizer: density, JS per attention type, specialised heads (mean ± sd)
     heads = report[report.index("Attention analysis") :]
     assert "| softmax | 1.000 ± 0.000 | 1.000 ± 0.000 | 1.000 ± 0.000 | 0.250 ± 0.000 | 0.500 ± 0.000 " in heads
     assert "| 0.750 ± 0.000 | 1.0 ± 0.0 | 0.0 ± 0.0 | 1.0 ± 1.0 | 3 |" in heads
@@ -365,14 +365,14 @@ def test_models_may_carry_their_own_seeds():
     assert planned_runs(default.models, default.seeds)[:3] == [("softmax", 1), ("entmax15", 1), ("alpha_entmax", 1)]
 
 
-@pytest.mark.parametrize("spec,message", [("nosuch", "unknown variant 'nosuch'"), ("topk:one", "integers")])
+@pytest.mark.parametrize("spec,message", [("nosuch", "unknown normalizer 'nosuch'"), ("topk:one", "integers")])
 def test_a_bad_models_entry_is_refused(spec, message, capsys):
     with pytest.raises(SystemExit) as stop:
         parse_args(["--models", spec])
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_the_learning_curves_figure_draws_every_variant(tmp_path, monkeypatch):
+def test_the_learning_curves_figure_draws_every_normalizer(tmp_path, monkeypatch):
     from fairseq_entmax.analysis import plots
 
     drawn = {}
@@ -385,12 +385,12 @@ def test_the_learning_curves_figure_draws_every_variant(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "plot_learning_curves", recording)
     seeds = {"softmax": 3, "entmax15": 3, "alpha_entmax": 3, "topk": 3, "sparsemax": 1}
     curves = {
-        f"{variant}-seed{seed}": {
+        f"{normalizer}-seed{seed}": {
             "num_updates": [86, 172, 258],
             "ppl": [300.0 / seed, 100.0, 50.0],
             "accuracy": [20.0, 30.0 + seed, 40.0],
         }
-        for variant, n in seeds.items()
+        for normalizer, n in seeds.items()
         for seed in range(1, n + 1)
     }
     figure = reduced_scale.learning_curves_figure(curves, tmp_path / "learning_curves.png")
@@ -398,8 +398,8 @@ def test_the_learning_curves_figure_draws_every_variant(tmp_path, monkeypatch):
     assert drawn == seeds
 
 
-def test_runs_of_a_variant_validated_at_different_updates_are_still_drawn(tmp_path, monkeypatch):
-    """Without updates common to its runs a variant has no mean: its runs are drawn one by
+def test_runs_of_a_normalizer_validated_at_different_updates_are_still_drawn(tmp_path, monkeypatch):
+    """Without updates common to its runs a normalizer has no mean: its runs are drawn one by
     one rather than left out of the figure."""
     from fairseq_entmax.analysis import plots
 

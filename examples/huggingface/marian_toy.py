@@ -66,7 +66,7 @@ SIZES = {
 }
 
 # (row label, attention name, sparsify options or None for a fixed map).
-VARIANTS = (
+NORMALIZERS = (
     ("softmax", "softmax", None),
     ("entmax15", "entmax15", None),
     ("alpha_entmax", "alpha_entmax", {"alpha_init": "random"}),
@@ -131,8 +131,8 @@ def build_model(tokenizer, size, attn_implementation, seed=0):
     return MarianMTModel._from_config(config, attn_implementation=attn_implementation)
 
 
-def build_variant(tokenizer, size, name, options):
-    """The model of one row of VARIANTS: a fixed map by its name, or sparsify's for options."""
+def sparse_row_model(tokenizer, size, name, options):
+    """The model of one row of NORMALIZERS: a fixed map by its name, or sparsify's for options."""
     if options is None:
         return build_model(tokenizer, size, name)
     if options == "topk":
@@ -214,14 +214,14 @@ def read_split(directory, split):
 
 
 def run(size_name, work_dir):
-    """Train and score every variant, then sparsify and fine-tune the saved softmax model.
+    """Train and score every normalizer, then sparsify and fine-tune the saved softmax model.
 
     Args:
         size_name: a key of SIZES.
         work_dir: where the corpus, the saved softmax model and the Trainer's directories go.
 
     Returns:
-        {"rows": [{"model", "bleu", "chrf", "loss"}, ...] (the four variants, then the
+        {"rows": [{"model", "bleu", "chrf", "loss"}, ...] (the four normalizers, then the
         fine-tuned model), "alphas": alpha_table of the learned alpha-entmax model,
         "finetune": {"bleu_before", "bleu_after", "alphas" (alpha_table after fine-tuning),
         "start_max_difference" (the largest absolute difference between the logits of the
@@ -238,9 +238,9 @@ def run(size_name, work_dir):
     examples = encode(tokenizer, train_sources, train_targets)
 
     rows, models = [], {}
-    for label, name, options in VARIANTS:
+    for label, name, options in NORMALIZERS:
         print(f"== training {label} ({size['steps']} steps)", flush=True)
-        model = build_variant(tokenizer, size, name, options)
+        model = sparse_row_model(tokenizer, size, name, options)
         loss = train(model, tokenizer, examples, size, size["steps"], work_dir / "runs" / label)
         rows.append({"model": label, **score(model, tokenizer, test_sources, test_targets), "loss": loss})
         models[label] = model

@@ -6,7 +6,7 @@ is a thin layer over the tool that does the work:
 - tokenization: Moses tokenisation and detokenisation (sacremoses)
 - bpe: joint BPE (subword-nmt) and the cleaning of training pairs
 - dataset: the data stage end to end, raw text to fairseq-preprocess's binarised data
-- training: the fairseq-train settings and run of one attention variant
+- training: the fairseq-train settings and run of one normalizer
 - checkpoints: the checkpoint to evaluate (last, best, or an average of the last n)
 - evaluation: fairseq-generate on the test set and its scores (sacrebleu)
 - attention_analysis: fairseq-entmax-analyze (density, learned alphas, figures)

@@ -35,24 +35,24 @@ DEFAULT_DECODING = Decoding()
 
 @dataclass(frozen=True)
 class Model:
-    """One model to train: an attention variant and a seed.
+    """One model to train: an normalizer and a seed.
 
     Attributes:
-        variant: the attention variant (fairseq_entmax.names.NORMALIZER_NAMES).
+        normalizer: the normalizer (fairseq_entmax.names.NORMALIZER_NAMES).
         seed: the training seed.
-        label: its name in progress lines (default: "<variant>-seed<seed>").
+        label: its name in progress lines (default: "<normalizer>-seed<seed>").
         threads: CPU threads of its fairseq-train and fairseq-generate (None: torch's choice).
     """
 
-    variant: str
+    normalizer: str
     seed: int = 1
     label: str = None
     threads: int = None
 
     @property
     def name(self):
-        """The model's folder name: <variant>-seed<seed>."""
-        return f"{self.variant}-seed{self.seed}"
+        """The model's folder name: <normalizer>-seed<seed>."""
+        return f"{self.normalizer}-seed{self.seed}"
 
     @property
     def shown(self):
@@ -237,7 +237,7 @@ def train_and_evaluate(
     """
     name, label = model.name, model.shown
     save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, model.variant, settings, seed=model.seed, label=label, threads=model.threads)
+    seconds = train(data_bin, save_dir, model.normalizer, settings, seed=model.seed, label=label, threads=model.threads)
     checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
     eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
     hypotheses = generate(data_bin, checkpoint, "test", eval_dir, decoding, label=label, threads=model.threads)
@@ -252,7 +252,7 @@ def train_and_evaluate(
     shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if references.tokenized_bleu else []
     log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
     return {
-        "model": model.variant,
+        "model": model.normalizer,
         "seed": model.seed,
         "selection": select,
         "checkpoint": str(checkpoint),

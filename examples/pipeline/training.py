@@ -1,4 +1,4 @@
-"""fairseq-train of one attention variant: its settings, its command, and a run that resumes
+"""fairseq-train of one normalizer: its settings, its command, and a run that resumes
 from checkpoint_last.pt and skips a finished model."""
 
 import re
@@ -20,7 +20,7 @@ MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
 
 @dataclass
 class TrainSettings:
-    """fairseq-train settings shared by the attention variants of one experiment. Every field
+    """fairseq-train settings shared by the normalizers of one experiment. Every field
     becomes fairseq-train options in `train_command`, the one place that spells them. A field
     added later takes the default that keeps the earlier command: a model trained before it
     existed is that default's (`train` reads its marker so)."""
@@ -77,29 +77,29 @@ def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
     return arguments
 
 
-def variant_args(variant, topk):
-    """The fairseq-train options that select one attention variant.
+def normalizer_args(normalizer, topk):
+    """The fairseq-train options that select one normalizer.
 
     Args:
-        variant: one of NORMALIZER_NAMES.
+        normalizer: one of NORMALIZER_NAMES.
         topk: k, for "topk".
 
     Returns:
         The options, a list.
 
     Raises:
-        PipelineError: an unknown variant.
+        PipelineError: an unknown normalizer.
     """
-    if variant == "softmax":
+    if normalizer == "softmax":
         return ["--attention-normalizer", "softmax"]
-    if variant in ("sparsemax", "entmax15"):
-        return ["--attention-normalizer", variant]
-    if variant == "alpha_entmax":
+    if normalizer in ("sparsemax", "entmax15"):
+        return ["--attention-normalizer", normalizer]
+    if normalizer == "alpha_entmax":
         # The paper: one alpha per head, layer and attention type, initialised at random.
         return ["--attention-normalizer", "alpha_entmax", "--alpha-init", "random"]
-    if variant == "topk":
+    if normalizer == "topk":
         return ["--attention-normalizer", "topk", "--topk", topk]
-    raise PipelineError(f"unknown attention variant {variant!r}; choose from {', '.join(NORMALIZER_NAMES)}")
+    raise PipelineError(f"unknown normalizer {normalizer!r}; choose from {', '.join(NORMALIZER_NAMES)}")
 
 
 def training_length(settings):
@@ -166,13 +166,13 @@ def _repair_interrupted_checkpoint_last(save_dir, label):
         log(f"{label}: {last.name} was cut short by an interrupt and no complete checkpoint is left; starting over")
 
 
-def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
-    """The fairseq-train command of one variant and seed.
+def train_command(data_bin, save_dir, normalizer, settings, seed, cpu=False):
+    """The fairseq-train command of one normalizer and seed.
 
     Args:
         data_bin: the data-bin.
         save_dir: fairseq's --save-dir.
-        variant: one of NORMALIZER_NAMES.
+        normalizer: one of NORMALIZER_NAMES.
         settings: the TrainSettings.
         seed: the training seed.
         cpu: whether to pass --cpu.
@@ -187,7 +187,7 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
         USER_DIR,
         "--task",
         "translation",
-        *_model_args(variant, settings),
+        *_model_args(normalizer, settings),
         *_optimization_args(settings, seed),
         *_checkpoint_args(settings, save_dir),
         *(["--cpu"] if cpu else []),
@@ -196,12 +196,12 @@ def train_command(data_bin, save_dir, variant, settings, seed, cpu=False):
     return [str(a) for a in args]
 
 
-def _model_args(variant, s):
-    """The architecture, its attention variant, sizes and dropouts."""
+def _model_args(normalizer, s):
+    """The architecture, its normalizer, sizes and dropouts."""
     return [
         "--arch",
         s.arch,
-        *variant_args(variant, s.topk),
+        *normalizer_args(normalizer, s.topk),
         *s.model_args,
         *(["--share-all-embeddings"] if s.share_all_embeddings else []),
         "--dropout",
@@ -288,16 +288,16 @@ def _checkpoint_args(s, save_dir):
     return args
 
 
-def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=None):
-    """fairseq-train one variant; resumes from checkpoint_last.pt, skips a finished run.
+def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=None):
+    """fairseq-train one normalizer; resumes from checkpoint_last.pt, skips a finished run.
 
     Args:
         data_bin: the data-bin.
         save_dir: fairseq's --save-dir (train.log and the markers go there too).
-        variant: one of NORMALIZER_NAMES.
+        normalizer: one of NORMALIZER_NAMES.
         settings: the TrainSettings.
         seed: the training seed.
-        label: the model's name in progress lines (default: `variant`).
+        label: the model's name in progress lines (default: `normalizer`).
         threads: OMP/MKL threads of fairseq-train (None: torch's choice).
 
     Returns:
@@ -309,10 +309,10 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
     """
     save_dir = Path(save_dir)
     done, time_file = save_dir / "train.done", save_dir / "train_seconds.txt"
-    label = label or variant
+    label = label or normalizer
     # Recorded when training starts, so that a resumed run is checked too.
-    started, run_settings = save_dir / "train.started", {"variant": variant, "seed": seed, **asdict(settings)}
-    done_with(started, run_settings, f"the {variant} model (seed {seed})", defaults=TRAIN_SETTINGS_DEFAULTS)
+    started, run_settings = save_dir / "train.started", {"normalizer": normalizer, "seed": seed, **asdict(settings)}
+    done_with(started, run_settings, f"the {normalizer} model (seed {seed})", defaults=TRAIN_SETTINGS_DEFAULTS)
     if is_done(done):
         seconds = read_done(done)["seconds"]
         log(f"{label}: already trained ({seconds:.0f} s), skipping")
@@ -324,7 +324,7 @@ def train(data_bin, save_dir, variant, settings, seed=1, label=None, threads=Non
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
     else:
         log(f"{label}: training ({training_length(settings)})")
-    args = train_command(data_bin, save_dir, variant, settings, seed, cpu=use_cpu())
+    args = train_command(data_bin, save_dir, normalizer, settings, seed, cpu=use_cpu())
     env = threads_env(threads)
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()

@@ -6,7 +6,7 @@ trained and compared end to end with fairseq on a toy language pair, on a CPU in
 
 Stages: corpus (generated, or yours: DIR/{train,valid,test}.{src,tgt}, raw text, one sentence
 per line) -> Moses tokenisation (your corpus only) -> joint BPE (subword-nmt) ->
-fairseq-preprocess -> fairseq-train per attention variant -> fairseq-generate on test ->
+fairseq-preprocess -> fairseq-train per normalizer -> fairseq-generate on test ->
 sacreBLEU BLEU and chrF -> fairseq-entmax-analyze (attention density, learned alphas,
 figures) -> one table. Everything goes to --work-dir; a second run skips finished stages and
 resumes an interrupted training from its last checkpoint.
@@ -80,7 +80,7 @@ SIZES = {
 OWN_CORPUS = {"max_tokens": 2048, "warmup": 400, "layers": 3, "dim": 128, "ffn": 512, "heads": 4, "topk": 8}
 MERGES_PER_TRAINING_PAIR, MERGES_RANGE = 0.5, (1000, 8000)
 # On your corpus (--tiny too) a model stops once its validation accuracy has not improved for
-# PATIENCE epochs, as in the reproduction: a fixed budget compares the variants early in
+# PATIENCE epochs, as in the reproduction: a fixed budget compares the normalizers early in
 # training, where softmax leads and the sparse ones catch up later (docs/reproduction.md).
 PATIENCE = 3
 # Where the patience stopped the quickstart's models, measured on TED and Multi30k corpora of
@@ -156,7 +156,7 @@ def seconds_per_update(model, bpe_merges, threads):
     """The estimate's training rate of one model (the measured rates above).
 
     Args:
-        model: the attention variant (a key of SECONDS_PER_UPDATE).
+        model: the normalizer (a key of SECONDS_PER_UPDATE).
         bpe_merges: the BPE merges, which size the output layer.
         threads: fairseq-train's threads.
 
@@ -204,7 +204,7 @@ def estimated_seconds(updates, models, test_tokens, bpe_merges, threads):
 
     Args:
         updates: training updates per model.
-        models: the attention variants (keys of SECONDS_PER_UPDATE).
+        models: the normalizers (keys of SECONDS_PER_UPDATE).
         test_tokens: the test set's BPE tokens (count_test_tokens), translated and analyzed
             once per model.
         bpe_merges: the BPE merges.
@@ -235,7 +235,7 @@ def own_corpus_plan(size, counts, training_tokens, test_tokens, models, max_upda
         counts: {split: number of pairs} of the corpus.
         training_tokens: what a pass over the training data costs (count_training_tokens).
         test_tokens: the test set's BPE tokens (count_test_tokens).
-        models: the attention variants to train.
+        models: the normalizers to train.
         max_update_given: whether --max-update set the cap (the plan says so).
         patience: the epochs without a better validation accuracy that stop a model (0: none).
         threads: fairseq-train's threads (training_threads).
@@ -349,7 +349,7 @@ def parse_args(argv=None):
         nargs="+",
         default=list(NORMALIZERS),
         choices=NORMALIZERS,
-        help="attention variants to train (default: all four)",
+        help="normalizers to train (default: all four)",
     )
     parser.add_argument(
         "--max-update",
@@ -449,7 +449,7 @@ def prepare_corpus(args, work, size):
 
 
 def train_settings(args, size, patience):
-    """The TrainSettings every variant trains with. On a user's corpus each model trains until
+    """The TrainSettings every normalizer trains with. On a user's corpus each model trains until
     its validation accuracy stops improving; the toy pair trains for its fixed updates.
 
     Args:
@@ -512,7 +512,7 @@ def run(args):
         ):
             log(line)
 
-    # 3. Training, one model per attention variant, all with the same size and budget, then
+    # 3. Training, one model per normalizer, all with the same size and budget, then
     # translation of the test set and scoring: a user's corpus with the best checkpoint, the
     # toy pair with the last.
     settings = train_settings(args, size, patience)
@@ -520,8 +520,8 @@ def run(args):
         read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
     )
     rows = []
-    for i, variant in enumerate(args.models, 1):
-        model = Model(variant, 1, label=f"{variant} [{i}/{len(args.models)}]", threads=args.threads)
+    for i, normalizer in enumerate(args.models, 1):
+        model = Model(normalizer, 1, label=f"{normalizer} [{i}/{len(args.models)}]", threads=args.threads)
         row = train_and_evaluate(
             data_bin,
             work,
@@ -534,7 +534,7 @@ def run(args):
         if own_corpus:
             row.update(training_summary(work / "models" / model.name / "train.log"))
         if sized and row["updates"]:
-            estimate = seconds_per_update(variant, size["bpe_merges"], threads)
+            estimate = seconds_per_update(normalizer, size["bpe_merges"], threads)
             log(
                 f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
                 f"{row['train_seconds'] / row['updates']:.2f} s per update (the estimate's: {estimate:.2f})"

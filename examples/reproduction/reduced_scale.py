@@ -9,7 +9,7 @@ density, head diversity, specialised heads and learned alphas. See docs/reproduc
 
     # converged: Multi30k de-en, trained until validation accuracy stops improving
     .venv/bin/python -m examples.reproduction.reduced_scale
-    # a variant with seeds of its own: VARIANT:SEED[,SEED...]
+    # a normalizer with seeds of its own: NORMALIZER:SEED[,SEED...]
     .venv/bin/python -m examples.reproduction.reduced_scale --models softmax topk sparsemax:1
     .venv/bin/python -m examples.reproduction.reduced_scale --budget tiny     # every stage in minutes
 
@@ -41,7 +41,7 @@ from fairseq_entmax.names import NORMALIZER_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 SRC, TGT = "de", "en"
-PAPER_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
+PAPER_NORMALIZERS = ("softmax", "entmax15", "alpha_entmax")
 BASELINE = "softmax"
 
 # The paper's recipe scaled down (examples/translation/tasks.py has the full-size one):
@@ -122,46 +122,48 @@ CONFIDENCE = 0.95
 
 
 def model_spec(text):
-    """One --models entry: a variant, or a variant with its own seeds ("sparsemax:1",
+    """One --models entry: a normalizer, or a normalizer with its own seeds ("sparsemax:1",
     "topk:1,3"), which replace --seeds for it.
 
     Args:
         text: the entry as given.
 
     Returns:
-        (variant, seeds): seeds a tuple of ints, or None for those of --seeds.
+        (normalizer, seeds): seeds a tuple of ints, or None for those of --seeds.
 
     Raises:
-        argparse.ArgumentTypeError: an unknown variant or a seed that is not an integer.
+        argparse.ArgumentTypeError: an unknown normalizer or a seed that is not an integer.
     """
-    variant, _, seeds = text.partition(":")
-    if variant not in NORMALIZER_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown variant {variant!r}: choose from {', '.join(NORMALIZER_NAMES)}")
+    normalizer, _, seeds = text.partition(":")
+    if normalizer not in NORMALIZER_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown normalizer {normalizer!r}: choose from {', '.join(NORMALIZER_NAMES)}"
+        )
     if not seeds:
-        return variant, None
+        return normalizer, None
     try:
-        return variant, tuple(int(seed) for seed in seeds.split(","))
+        return normalizer, tuple(int(seed) for seed in seeds.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: seeds after ':' are integers separated by commas") from None
 
 
 def planned_runs(models, seeds):
-    """The (variant, seed) pairs to train and report.
+    """The (normalizer, seed) pairs to train and report.
 
     Args:
-        models: model_spec's (variant, seeds or None) pairs, in the order given.
-        seeds: the seeds of the variants given without their own.
+        models: model_spec's (normalizer, seeds or None) pairs, in the order given.
+        seeds: the seeds of the normalizers given without their own.
 
     Returns:
         The pairs, seed by seed (the models of seed 1 first, as the trainings run), each
-        variant in the order given, without repeats.
+        normalizer in the order given, without repeats.
     """
     wanted = []
-    for variant, own_seeds in models:
+    for normalizer, own_seeds in models:
         for seed in own_seeds or seeds:
-            if (variant, seed) not in wanted:
-                wanted.append((variant, seed))
-    order = {variant: i for i, (variant, _) in enumerate(models)}
+            if (normalizer, seed) not in wanted:
+                wanted.append((normalizer, seed))
+    order = {normalizer: i for i, (normalizer, _) in enumerate(models)}
     return sorted(wanted, key=lambda run: (run[1], order[run[0]]))
 
 
@@ -176,15 +178,15 @@ def parse_args(argv=None):
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="converged")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per variant (default: 1 2 3)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds per normalizer (default: 1 2 3)")
     parser.add_argument(
         "--models",
         nargs="+",
         type=model_spec,
-        default=[(variant, None) for variant in PAPER_VARIANTS],
-        metavar="VARIANT[:SEEDS]",
-        help=f"attention variants, of {', '.join(NORMALIZER_NAMES)} (default: the paper's three; topk is k = 8); "
-        "VARIANT:1,2 trains and reports that variant with seeds 1 and 2 instead of --seeds",
+        default=[(normalizer, None) for normalizer in PAPER_NORMALIZERS],
+        metavar="NORMALIZER[:SEEDS]",
+        help=f"normalizers, of {', '.join(NORMALIZER_NAMES)} (default: the paper's three; topk is k = 8); "
+        "NORMALIZER:1,2 trains and reports that normalizer with seeds 1 and 2 instead of --seeds",
     )
     parser.add_argument(
         "--data",
@@ -296,11 +298,11 @@ def run(args):
     references_raw = read_lines(raw_dir / f"test.{TGT}")
     runs = planned_runs(args.models, args.seeds)
     rows = []
-    for i, (variant, seed) in enumerate(runs, 1):
+    for i, (normalizer, seed) in enumerate(runs, 1):
         row = train_and_evaluate(
             data_bin,
             work,
-            Model(variant, seed, label=f"{variant} seed {seed} [{i}/{len(runs)}]", threads=args.threads),
+            Model(normalizer, seed, label=f"{normalizer} seed {seed} [{i}/{len(runs)}]", threads=args.threads),
             settings,
             References(references_tok, references_raw, TGT, retokenize=budget["retokenize"]),
             Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"]),
@@ -364,7 +366,7 @@ def validation_curve(train_log):
 
 def paired_bootstrap(rows, work, references_raw, n_samples=1000):
     """sacreBLEU's paired bootstrap resampling (--paired-bs, its fixed seed) of each sparse
-    variant against softmax of the same seed, on the detokenised test translations.
+    normalizer against softmax of the same seed, on the detokenised test translations.
 
     Args:
         rows: the result rows (train_and_evaluate's), with their hypotheses files.
@@ -373,7 +375,7 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
         n_samples: the bootstrap samples.
 
     Returns:
-        A list of dicts, one per seed and sparse variant: seed, model, baseline, bleu,
+        A list of dicts, one per seed and sparse normalizer: seed, model, baseline, bleu,
         bleu_baseline, bleu_p, chrf, chrf_baseline, chrf_p (p: the p-value of the difference).
     """
     from sacrebleu.metrics import BLEU, CHRF
@@ -411,19 +413,19 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
 
 def learning_curves_figure(curves, path):
     """The learning curves figure: validation perplexity and accuracy per update, mean over
-    seeds per variant.
+    seeds per normalizer.
 
     Args:
-        curves: {run name ("<variant>-seed<N>"): validation curve}.
+        curves: {run name ("<normalizer>-seed<N>"): validation curve}.
         path: the PNG to write.
 
     Returns:
         `path`, or None when no curve has a validation.
     """
     from fairseq_entmax.analysis.plots import plot_learning_curves
-    from fairseq_entmax.analysis.training_log import group_by_variant
+    from fairseq_entmax.analysis.training_log import group_by_normalizer
 
-    return plot_learning_curves(group_by_variant(curves.items()), path)
+    return plot_learning_curves(group_by_normalizer(curves.items()), path)
 
 
 def _mean_spread(values, digits=2):
@@ -440,7 +442,7 @@ def paired_interval(differences, confidence=CONFIDENCE):
     """The mean of paired differences with its t-interval.
 
     Args:
-        differences: one difference per seed (variant minus baseline).
+        differences: one difference per seed (normalizer minus baseline).
         confidence: the interval's coverage.
 
     Returns:
@@ -458,16 +460,16 @@ def paired_interval(differences, confidence=CONFIDENCE):
 
 
 def paired_differences(rows, metric, baseline=BASELINE):
-    """Each variant's difference to the baseline of the same seed, with its interval.
+    """Each normalizer's difference to the baseline of the same seed, with its interval.
 
     Args:
         rows: the result rows (model, seed and `metric` each).
         metric: the row key compared ("bleu", "chrf", "best_valid_accuracy", ...).
-        baseline: the variant compared against.
+        baseline: the normalizer compared against.
 
     Returns:
-        {variant: {"seeds", "differences", **paired_interval}} over the seeds where both the
-        variant and the baseline have a value, variants in the order of the rows; a variant
+        {normalizer: {"seeds", "differences", **paired_interval}} over the seeds where both the
+        normalizer and the baseline have a value, normalizers in the order of the rows; a normalizer
         with no such seed is left out.
     """
     values = {}
@@ -475,13 +477,13 @@ def paired_differences(rows, metric, baseline=BASELINE):
         values.setdefault(row["model"], {})[row["seed"]] = row.get(metric)
     base = values.get(baseline, {})
     result = {}
-    for variant, by_seed in values.items():
-        if variant == baseline:
+    for normalizer, by_seed in values.items():
+        if normalizer == baseline:
             continue
         seeds = sorted(s for s, v in by_seed.items() if v is not None and base.get(s) is not None)
         if seeds:
             differences = [by_seed[s] - base[s] for s in seeds]
-            result[variant] = {"seeds": seeds, "differences": differences, **paired_interval(differences)}
+            result[normalizer] = {"seeds": seeds, "differences": differences, **paired_interval(differences)}
     return result
 
 
@@ -489,7 +491,7 @@ def format_difference(entry, digits=2):
     """A paired difference as the report shows it.
 
     Args:
-        entry: a variant's entry of paired_differences, or None.
+        entry: a normalizer's entry of paired_differences, or None.
         digits: decimals.
 
     Returns:
@@ -505,27 +507,27 @@ def format_difference(entry, digits=2):
 
 
 def paired_differences_table(rows, baseline=BASELINE):
-    """The table of the differences to the baseline, one line per other variant.
+    """The table of the differences to the baseline, one line per other normalizer.
 
     Args:
         rows: the result rows.
-        baseline: the variant compared against.
+        baseline: the normalizer compared against.
 
     Returns:
-        The Markdown lines; empty when no variant shares a seed with the baseline.
+        The Markdown lines; empty when no normalizer shares a seed with the baseline.
     """
     differences = {metric: paired_differences(rows, metric, baseline) for metric, _ in PAIRED_METRICS}
-    variants = list(differences["bleu"])
-    if not variants:
+    normalizers = list(differences["bleu"])
+    if not normalizers:
         return []
     lines = [
         "| model | seeds | " + " | ".join(title for _, title in PAIRED_METRICS) + " |",
         "|---|---|" + "---|" * len(PAIRED_METRICS),
     ]
-    for variant in variants:
-        seeds = ", ".join(str(s) for s in differences["bleu"][variant]["seeds"])
-        cells = [format_difference(differences[metric].get(variant)) for metric, _ in PAIRED_METRICS]
-        lines.append(f"| {variant} | {seeds} | " + " | ".join(cells) + " |")
+    for normalizer in normalizers:
+        seeds = ", ".join(str(s) for s in differences["bleu"][normalizer]["seeds"])
+        cells = [format_difference(differences[metric].get(normalizer)) for metric, _ in PAIRED_METRICS]
+        lines.append(f"| {normalizer} | {seeds} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -533,12 +535,12 @@ _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
 SPECIALISED_HEADS = (("positional", "positional"), ("bpe_merging", "BPE-merging"), ("interrogation", "interrogation"))
 
 
-def heads_table(by_variant):
-    """The attention analysis per variant: density and head diversity per attention type, and
+def heads_table(by_normalizer):
+    """The attention analysis per normalizer: density and head diversity per attention type, and
     the specialised heads found, each the mean ± standard deviation over seeds.
 
     Args:
-        by_variant: {variant: its result rows}, with the analysis's density, js and
+        by_normalizer: {normalizer: its result rows}, with the analysis's density, js and
             specialised_heads (examples.pipeline.attention_analysis.analyze).
 
     Returns:
@@ -546,52 +548,52 @@ def heads_table(by_variant):
     """
     from fairseq_entmax.names import ATTENTION_TYPES
 
-    if not any(r.get("density") for group in by_variant.values() for r in group):
+    if not any(r.get("density") for group in by_normalizer.values() for r in group):
         return []
     header = [f"density {_SHORT[t]}" for t in ATTENTION_TYPES] + [f"JS {_SHORT[t]}" for t in ATTENTION_TYPES]
     header += [f"{title} heads" for _, title in SPECIALISED_HEADS]
     lines = ["| model | " + " | ".join(header) + " | seeds |", "|---|" + "---|" * (len(header) + 1)]
-    for variant, group in by_variant.items():
+    for normalizer, group in by_normalizer.items():
         cells = [_mean_spread([(r.get("density") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
         cells += [_mean_spread([(r.get("js") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
         cells += [
             _mean_spread([(r.get("specialised_heads") or {}).get(kind) for r in group], 1)
             for kind, _ in SPECIALISED_HEADS
         ]
-        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {len(group)} |")
+        lines.append(f"| {normalizer} | " + " | ".join(cells) + f" | {len(group)} |")
     return lines
 
 
 def group_by_model(rows, baseline=BASELINE):
-    """The result rows per variant, the baseline first, then in the order of the rows.
+    """The result rows per normalizer, the baseline first, then in the order of the rows.
 
     Args:
         rows: the result rows.
-        baseline: the variant put first.
+        baseline: the normalizer put first.
 
     Returns:
-        {variant: [rows]}.
+        {normalizer: [rows]}.
     """
-    by_variant = {}
+    by_normalizer = {}
     for row in sorted(rows, key=lambda r: r["model"] != baseline):
-        by_variant.setdefault(row["model"], []).append(row)
-    return by_variant
+        by_normalizer.setdefault(row["model"], []).append(row)
+    return by_normalizer
 
 
-def variants_rows(by_variant):
-    """The rows of the report's table per variant: mean ± spread over its seeds.
+def normalizer_rows(by_normalizer):
+    """The rows of the report's table per normalizer: mean ± spread over its seeds.
 
     Args:
-        by_variant: {variant: [result rows]} (group_by_model).
+        by_normalizer: {normalizer: [result rows]} (group_by_model).
 
     Returns:
-        Markdown table rows, one per variant.
+        Markdown table rows, one per normalizer.
     """
     lines = []
-    for variant, group in by_variant.items():
+    for normalizer, group in by_normalizer.items():
         stops = sorted({"patience" if r.get("stopped_early") else "cap" for r in group})
         lines.append(
-            f"| {variant} | {_mean_spread([r['bleu_tok'] for r in group])} "
+            f"| {normalizer} | {_mean_spread([r['bleu_tok'] for r in group])} "
             f"| {_mean_spread([r['bleu'] for r in group])} "
             f"| {_mean_spread([r['chrf'] for r in group])} "
             f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
@@ -628,9 +630,9 @@ def significance_table(significance):
 
 
 def summarize(rows, args, counts, budget, significance, figure):
-    """The report: the table per variant (mean ± spread over seeds), the differences to softmax
+    """The report: the table per normalizer (mean ± spread over seeds), the differences to softmax
     paired by seed with their intervals, the paired bootstrap, the attention analysis per
-    variant, the table per run and the signatures.
+    normalizer, the table per run and the signatures.
 
     Args:
         rows: the result rows, with the analysis and the training summary.
@@ -643,13 +645,13 @@ def summarize(rows, args, counts, budget, significance, figure):
     Returns:
         The report, Markdown.
     """
-    by_variant = group_by_model(rows)
+    by_normalizer = group_by_model(rows)
     selection = {
         "best": "the best checkpoint (validation accuracy)",
         "last": "the last checkpoint",
         "average": f"the average of the last {budget['average']} checkpoints",
     }[budget["select"]]
-    seeds = "; ".join(f"{v} {', '.join(str(r['seed']) for r in group)}" for v, group in by_variant.items())
+    seeds = "; ".join(f"{v} {', '.join(str(r['seed']) for r in group)}" for v, group in by_normalizer.items())
     lines = [
         f"Reduced-scale reproduction, {args.data.name}, {args.budget} budget, seeds: {seeds}; "
         f"train {counts['train']} pairs, test {counts['test']} sentences; evaluated with {selection}",
@@ -658,7 +660,7 @@ def summarize(rows, args, counts, budget, significance, figure):
         "| train time | seeds |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    lines += variants_rows(by_variant)
+    lines += normalizer_rows(by_normalizer)
     lines += [
         "",
         "Mean ± sample standard deviation over seeds. valid accuracy / ppl: at the validation of the best "
@@ -669,7 +671,7 @@ def summarize(rows, args, counts, budget, significance, figure):
     if differences:
         lines += [
             "",
-            f"Difference to {BASELINE} of the same seed (variant minus {BASELINE}), mean over the seeds "
+            f"Difference to {BASELINE} of the same seed (normalizer minus {BASELINE}), mean over the seeds "
             f"[{CONFIDENCE:.0%} t-interval over the paired differences, n - 1 degrees of freedom; an interval "
             "that holds 0 shows no difference at that confidence; one seed gives no interval]:",
             "",
@@ -677,7 +679,7 @@ def summarize(rows, args, counts, budget, significance, figure):
         ]
     if significance:
         lines += ["", *significance_table(significance)]
-    heads = heads_table(by_variant)
+    heads = heads_table(by_normalizer)
     if heads:
         lines += [
             "",

@@ -20,7 +20,7 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
   tokenize  Moses tokenisation with sacremoses (not KFTT: its official text is tokenised)
   bpe       joint BPE, 32k merges (subword-nmt); training pairs cleaned as clean-corpus-n.perl
   binarize  fairseq-preprocess, one joined dictionary (iwslt14: one per language, as the authors)
-  train     fairseq-train per attention variant: 8192 tokens per update on any number of GPUs,
+  train     fairseq-train per normalizer: 8192 tokens per update on any number of GPUs,
             validation accuracy every 5k or 10k updates, stop after 3 without improvement
   evaluate  fairseq-generate (beam 5, no length normalisation) with the best checkpoint;
             tokenized BLEU as in the paper, sacreBLEU and chrF; --average-last N adds the
@@ -99,14 +99,14 @@ def _parser():
         "--models",
         nargs="+",
         choices=NORMALIZER_NAMES,
-        help="attention variants (default: the paper's: softmax entmax15 alpha_entmax, Table 1 of Correia et al.; "
+        help="normalizers (default: the paper's: softmax entmax15 alpha_entmax, Table 1 of Correia et al.; "
         "softmax topk for iwslt14)",
     )
     parser.add_argument(
         "--seed",
         type=int,
         nargs="+",
-        help="training seeds, one model per variant and seed (default: 1; 1 2 3 for iwslt14, as its authors)",
+        help="training seeds, one model per normalizer and seed (default: 1; 1 2 3 for iwslt14, as its authors)",
     )
     parser.add_argument("--max-update", type=int, help="cap on the training updates (default: per task)")
     parser.add_argument(
@@ -170,7 +170,7 @@ def parse_args(argv=None):
     experiment = experiment_of(task)
     if args.average_last and not experiment.selection.allows_average_last:
         parser.error(f"--average-last is for the best-checkpoint tasks: {task.name} averages epoch checkpoints already")
-    args.models = args.models or list(experiment.variants)
+    args.models = args.models or list(experiment.normalizers)
     args.seed = args.seed or list(experiment.seeds)
     if len(set(args.seed)) != len(args.seed):
         parser.error("--seed: each seed once")
@@ -282,17 +282,17 @@ class Layout:
         self.analysis = self.work / f"analysis-seed{args.seed[0]}"
         self.seeds = "-".join(str(seed) for seed in args.seed)
 
-    def save_dir(self, variant, seed):
+    def save_dir(self, normalizer, seed):
         """Where one model's checkpoints and log go.
 
         Args:
-            variant: the attention variant.
+            normalizer: the normalizer.
             seed: the training seed.
 
         Returns:
             The folder of that model's checkpoints and log.
         """
-        return self.work / "models" / f"{variant}-seed{seed}"
+        return self.work / "models" / f"{normalizer}-seed{seed}"
 
 
 class Plan:
@@ -470,7 +470,8 @@ def analysis_step(args, plan):
     """
     layout = plan.layout
     checkpoints = {
-        variant: plan.selection.analyzed_checkpoint(layout.save_dir(variant, args.seed[0])) for variant in args.models
+        normalizer: plan.selection.analyzed_checkpoint(layout.save_dir(normalizer, args.seed[0]))
+        for normalizer in args.models
     }
     sentences = args.analysis_sentences or (100 if args.smoke else None)
 
@@ -505,10 +506,10 @@ def walk(args, plan):
     yield from dataset_steps(args, plan)
     if args.data_only:
         return
-    models = [(seed, variant) for seed in args.seed for variant in args.models]
-    for i, (seed, variant) in enumerate(models, 1):
-        label = f"{variant}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
-        yield from plan.selection.model_steps(plan, Model(variant, seed, label))
+    models = [(seed, normalizer) for seed in args.seed for normalizer in args.models]
+    for i, (seed, normalizer) in enumerate(models, 1):
+        label = f"{normalizer}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
+        yield from plan.selection.model_steps(plan, Model(normalizer, seed, label))
     if not args.skip_analysis:
         yield analysis_step(args, plan)
 

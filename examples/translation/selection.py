@@ -140,7 +140,7 @@ def _select(save_dir, chosen):
 
 
 def train_and_select(data_bin, work, model, settings, average, references_raw, tgt, decoding=DEFAULT_DECODING):
-    """Train one variant with one seed (skipped when trained), average its epoch checkpoints
+    """Train one normalizer with one seed (skipped when trained), average its epoch checkpoints
     at each end epoch, translate the validation set with each average, and the test set with
     the one of the best validation BLEU (the later epoch on a tie).
 
@@ -166,7 +166,7 @@ def train_and_select(data_bin, work, model, settings, average, references_raw, t
     """
     name, label = model.name, model.shown
     save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, model.variant, settings, seed=model.seed, label=label)
+    seconds = train(data_bin, save_dir, model.normalizer, settings, seed=model.seed, label=label)
     n, ends = average
     valid_bleu, averages = {}, {}
     for end in ends:
@@ -196,7 +196,7 @@ def train_and_select(data_bin, work, model, settings, average, references_raw, t
     scores["bleu_tok_signature"] = FAIRSEQ_BLEU_SIGNATURE
     log(f"{label}: test BLEU {scores['bleu_tok']:.2f} (fairseq), sacreBLEU {scores['bleu']:.2f}")
     return {
-        "model": model.variant,
+        "model": model.normalizer,
         "seed": model.seed,
         "selection": "average",
         "end_epoch": chosen,
@@ -291,8 +291,10 @@ class BestCheckpoint:
             Steps; the action of each score step appends a result row to plan.rows.
         """
         layout, work = plan.layout, plan.layout.work
-        save_dir = layout.save_dir(model.variant, model.seed)
-        yield command_step(train_command(layout.data_bin, save_dir, model.variant, plan.settings, model.seed, plan.cpu))
+        save_dir = layout.save_dir(model.normalizer, model.seed)
+        yield command_step(
+            train_command(layout.data_bin, save_dir, model.normalizer, plan.settings, model.seed, plan.cpu)
+        )
         for select in ("best",) + (("average",) if plan.average_last else ()):
             if select == "average":
                 checkpoint = save_dir / f"checkpoint_avg{plan.average_last}.pt"
@@ -406,8 +408,10 @@ class EpochAverages:
             Steps; the action of the score step appends the result row to plan.rows.
         """
         layout, work, d = plan.layout, plan.layout.work, plan.decoding
-        save_dir = layout.save_dir(model.variant, model.seed)
-        yield command_step(train_command(layout.data_bin, save_dir, model.variant, plan.settings, model.seed, plan.cpu))
+        save_dir = layout.save_dir(model.normalizer, model.seed)
+        yield command_step(
+            train_command(layout.data_bin, save_dir, model.normalizer, plan.settings, model.seed, plan.cpu)
+        )
         n, ends = self.averages(plan)
         for end in ends:
             checkpoint = save_dir / average_name(n, end)

@@ -103,8 +103,8 @@ LEARNED_ALPHA = Sourced(
     "[1.01, 2] (`--alpha-init random`)",
     f"{CODE}: AlphaChooser in onmt/modules/sparse_activations.py",
 )
-# Attention variants the recipes train by default: the paper's Table 1. Top-k is one option away.
-TABLE1_VARIANTS = ("softmax", "entmax15", "alpha_entmax")
+# Normalizers the recipes train by default: the paper's Table 1. Top-k is one option away.
+TABLE1_NORMALIZERS = ("softmax", "entmax15", "alpha_entmax")
 
 # What remains different from the paper and the authors' code, and why.
 DEPARTURES = [
@@ -186,7 +186,7 @@ EST_RECIPE = {
     "arch": Sourced(
         "explicit_sparse_transformer_iwslt_de_en",
         f"{EST_SCRIPT}: -a transformer_iwslt_de_en (6+6 layers, d = 512, 4 heads, FFN 1024); "
-        "each variant names its normalizer (`--attention-normalizer`)",
+        "each model names its normalizer (`--attention-normalizer`)",
     ),
     "normalize_before": Sourced(
         False, f"{EST_FAIRSEQ}: models/transformer.py base_architecture (post-norm; the script sets none)"
@@ -221,7 +221,7 @@ EST_STOP_MIN_LR = Sourced(
 )
 EST_FP16 = Sourced(True, f"{EST_SCRIPT}: --fp16 (on GPUs; a CPU run trains in float32)")
 EST_SEEDS = Sourced((1, 2, 3), f"{EST_SCRIPT}: for seed in 1 2 3")
-EST_VARIANTS = Sourced(
+EST_NORMALIZERS = Sourced(
     ("softmax", "topk"),
     f"{EST_SCRIPT}: --div -8 against the softmax Transformer (--div 0, the default); add `--models sparsemax "
     f"entmax15` for the paper's other baselines ({EST_FAIRSEQ}: --entmax 1 and 2)",
@@ -374,8 +374,8 @@ def _correia_settings_rows():
     rows.append(("alpha_entmax heads", LEARNED_ALPHA.value, LEARNED_ALPHA.source))
     rows.append(
         (
-            "variants trained by default",
-            ", ".join(TABLE1_VARIANTS),
+            "normalizers trained by default",
+            ", ".join(TABLE1_NORMALIZERS),
             f"{PAPER}: Table 1 (add `--models topk` for top-k attention)",
         )
     )
@@ -390,7 +390,7 @@ def _est_settings_rows():
         ("stop_min_lr", _cell(EST_STOP_MIN_LR.value), EST_STOP_MIN_LR.source),
         ("fp16", _cell(EST_FP16.value), EST_FP16.source),
         ("seeds", ", ".join(map(str, EST_SEEDS.value)), EST_SEEDS.source),
-        ("variants trained by default", ", ".join(EST_VARIANTS.value), EST_VARIANTS.source),
+        ("normalizers trained by default", ", ".join(EST_NORMALIZERS.value), EST_NORMALIZERS.source),
         (
             "checkpoint averages",
             f"the last {EST_AVERAGE.value[0]} epoch checkpoints, ending at epoch "
@@ -476,7 +476,7 @@ class Experiment:
     preferred_max_tokens: object  # per GPU when the GPUs allow it (None: tokens_per_update / GPUs)
     bpe_merges: int
     clean: object  # (max_len, max_ratio) after BPE, or None: the prepare stage cleans
-    variants: tuple  # trained by default
+    normalizers: tuple  # trained by default
     seeds: tuple  # trained by default
     decoding: Decoding
     selection: object  # selection.BestCheckpoint or selection.EpochAverages
@@ -546,7 +546,7 @@ CORREIA = Experiment(
     preferred_max_tokens=None,
     bpe_merges=DATA["bpe_merges"].value,
     clean=DATA["clean"].value,
-    variants=TABLE1_VARIANTS,
+    normalizers=TABLE1_NORMALIZERS,
     seeds=(1,),
     decoding=Decoding(beam=DECODING["beam"].value, lenpen=DECODING["lenpen"].value),
     selection=BestCheckpoint(),
@@ -563,7 +563,7 @@ EST = Experiment(
     bpe_merges=EST_DATA["bpe_merges"].value,
     # prepare-iwslt14.sh cleans the tokenised text before BPE and before taking the validation set.
     clean=None,
-    variants=EST_VARIANTS.value,
+    normalizers=EST_NORMALIZERS.value,
     seeds=EST_SEEDS.value,
     decoding=Decoding(beam=EST_DECODING["beam"].value, lenpen=EST_DECODING["lenpen"].value),
     # The smoke mode trains 3 epochs: averages of the last 2 ending at epochs 2 and 3.

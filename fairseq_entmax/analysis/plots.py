@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from fairseq_entmax.analysis.report import file_label  # noqa: E402
-from fairseq_entmax.analysis.training_log import group_by_variant  # noqa: E402
+from fairseq_entmax.analysis.training_log import group_by_normalizer  # noqa: E402
 from fairseq_entmax.names import ATTENTION_TITLES as TITLES  # noqa: E402
 from fairseq_entmax.names import ATTENTION_TYPES  # noqa: E402
 from fairseq_entmax.normalizers import LearnedAlphaEntmax  # noqa: E402
@@ -410,7 +410,7 @@ def plot_learning_curves(curves, path, metric="ppl"):
     accuracy in a second one when logged.
 
     Args:
-        curves: {label (model or variant): list of curves, one per run or seed, as
+        curves: {label (model or normalizer): list of curves, one per run or seed, as
             read_validation_curve returns them}.
         path: the PNG to write (8 x 3.5 inches at 100 dpi).
         metric: the first panel's metric (default perplexity, on a log axis).
@@ -432,13 +432,13 @@ def plot_learning_curves(curves, path, metric="ppl"):
             color = f"C{index % 10}"
             if not steps:
                 # Runs that validated at different updates have no mean: each is drawn on its
-                # own, in the variant's colour, so that no variant is missing from the figure.
+                # own, in the normalizer's colour, so that no normalizer is missing from the figure.
                 name = label + (f" ({len(runs)} runs, each drawn)" if len(runs) > 1 else "")
                 for run in runs:
                     points = [(s, v) for s, v in zip(run["num_updates"], run.get(panel) or []) if v is not None]
                     if points:
                         ax.plot(*zip(*points), color=color, linewidth=0.8, label=name)
-                        name = None  # one legend entry per variant
+                        name = None  # one legend entry per normalizer
                 continue
             runs_note = f" (mean of {len(runs)} runs)" if len(runs) > 1 else ""
             ax.plot(steps, mean, color=color, marker="." if len(steps) < 30 else None, label=label + runs_note)
@@ -463,7 +463,7 @@ def plot_learning_curves(curves, path, metric="ppl"):
 
 
 def learning_curves(models, output_dir):
-    """Learning curves of the models whose training log has validations, the runs of a variant
+    """Learning curves of the models whose training log has validations, the runs of a normalizer
     (names that differ only by a -seed<N>/_seed<N> ending) averaged.
 
     Args:
@@ -473,7 +473,7 @@ def learning_curves(models, output_dir):
     Returns:
         The path of learning_curves.png, or None when no model's log has validations.
     """
-    groups = group_by_variant((m["name"], m.get("validation_curve")) for m in models)
+    groups = group_by_normalizer((m["name"], m.get("validation_curve")) for m in models)
     if not groups:
         return None
     logger.info(

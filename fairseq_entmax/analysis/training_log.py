@@ -280,8 +280,8 @@ def read_validation_curve(path, subset="valid"):
 _SEED_SUFFIX = re.compile(r"[-_]seed\d+$")
 
 
-def variant_name(name):
-    """The variant a model's runs share.
+def normalizer_name(name):
+    """The normalizer a model's runs share.
 
     Args:
         name: a model's name.
@@ -292,18 +292,18 @@ def variant_name(name):
     return _SEED_SUFFIX.sub("", name) or name
 
 
-def group_by_variant(named_curves):
-    """The validation curves of several runs, grouped by variant.
+def group_by_normalizer(named_curves):
+    """The validation curves of several runs, grouped by normalizer.
 
     Args:
         named_curves: (name, curve) pairs, each curve as read_validation_curve returns it.
 
     Returns:
-        {variant_name(name): [curve, ...]}, variants in order of first appearance; empty
+        {normalizer_name(name): [curve, ...]}, normalizers in order of first appearance; empty
         curves (no validation logged) are left out.
     """
     groups = {}
     for name, curve in named_curves:
         if curve and curve.get("num_updates"):
-            groups.setdefault(variant_name(name), []).append(curve)
+            groups.setdefault(normalizer_name(name), []).append(curve)
     return groups
