@@ -140,10 +140,11 @@ def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
 
 
 def test_a_model_trained_before_a_setting_existed_is_that_settings_default(tmp_path):
-    """A finished model whose marker predates a TrainSettings field is reused when the run asks
-    for that field's default (the command it was trained with), and refused otherwise."""
+    """A finished model whose marker predates a TrainSettings field (and records its normalizer
+    as "variant", as markers once did) is reused when the run asks for that field's default
+    (the command it was trained with), and refused otherwise."""
     settings = training.TrainSettings(arch="adaptively_sparse_transformer", max_update=100)
-    recorded = {"normalizer": "softmax", "seed": 1, **dataclasses.asdict(settings)}
+    recorded = {"variant": "softmax", "seed": 1, **dataclasses.asdict(settings)}
     del recorded["share_all_embeddings"], recorded["max_epoch"]
     save_dir = tmp_path / "softmax-seed1"
     markers.mark_done(save_dir / "train.started", settings=recorded)

@@ -65,6 +65,10 @@ def done_with_same_settings(marker, settings):
     return is_done(marker) and read_done(marker).get("settings") == _as_recorded(settings)
 
 
+# Settings recorded under an earlier name: a marker written before the rename still resumes.
+RENAMED_SETTINGS = {"variant": "normalizer"}
+
+
 def done_with(marker, settings, what, defaults=None):
     """Whether a stage is done, refusing outputs made with other settings.
 
@@ -87,6 +91,8 @@ def done_with(marker, settings, what, defaults=None):
         return False
     recorded = read_done(marker).get("settings")
     settings = _as_recorded(settings)
+    if recorded is not None:
+        recorded = {RENAMED_SETTINGS.get(key, key): value for key, value in recorded.items()}
     if recorded is not None and defaults:
         recorded = {**_as_recorded({k: v for k, v in defaults.items() if k in settings}), **recorded}
     if recorded is not None and recorded != settings:
