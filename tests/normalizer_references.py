@@ -73,6 +73,8 @@ def alpha_entmax_reference(row, alpha, iterations=200):
     lo, hi = 0.0, 1.0 / am1
     for _ in range(iterations):
         mid = (lo + hi) / 2
+        if mid in (lo, hi):  # lo and hi are adjacent floats: no later step changes them
+            break
         if unnormalised(mid).sum() >= 1:
             lo = mid
         else:
