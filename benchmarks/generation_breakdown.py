@@ -33,6 +33,31 @@ from fairseq_entmax.names import ATTENTION_TYPES
 from fairseq_entmax.normalizers import AttentionNormalizer
 
 
+def generate_command(data_bin, checkpoint, length, device):
+    """fairseq-generate's command line: beam 5 on the test split, every output `length` tokens."""
+    return [
+        "fairseq-generate",
+        str(data_bin),
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        str(checkpoint),
+        "--gen-subset",
+        "test",
+        "--beam",
+        "5",
+        "--batch-size",
+        "16",
+        "--quiet",
+        "--min-len",
+        str(length),
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        str(length),
+    ] + (["--cpu"] if device == "cpu" else [])
+
+
 def measure(data_bin, checkpoint, length, device):
     """Run fairseq-generate in this process with every normalizer call timed.
 
@@ -82,27 +107,7 @@ def measure(data_bin, checkpoint, length, device):
     SparseMultiheadAttention.forward = forward_noting_its_type
     AttentionNormalizer.__call__ = timed_call
     sparse_multihead_attention.scaled_dot_product_attention = timed_blocked
-    sys.argv = [
-        "fairseq-generate",
-        str(data_bin),
-        "--user-dir",
-        USER_DIR,
-        "--path",
-        str(checkpoint),
-        "--gen-subset",
-        "test",
-        "--beam",
-        "5",
-        "--batch-size",
-        "16",
-        "--quiet",
-        "--min-len",
-        str(length),
-        "--max-len-a",
-        "0",
-        "--max-len-b",
-        str(length),
-    ] + (["--cpu"] if device == "cpu" else [])
+    sys.argv = generate_command(data_bin, checkpoint, length, device)
     # fairseq-generate's log and output to stderr: stdout is the caller's table.
     with contextlib.redirect_stdout(sys.stderr):
         from fairseq_cli import generate

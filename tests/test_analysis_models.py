@@ -243,7 +243,14 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         assert max(r["count"] for r in heads) <= TOPK + 1e-9, attention
     assert any(r["count"] < TOPK for r in rows(topk, "density", "decoder_self"))  # first queries see < k keys
 
-    # positional scores are averages of weights; listed heads are those above the threshold
+    assert_positional_and_interrogation_heads(analysis)
+    assert_tables(output_dir)
+    assert_figures(output_dir)
+
+
+def assert_positional_and_interrogation_heads(analysis):
+    """Positional scores are averages of weights, and the listed heads those above the
+    threshold; the toy corpus has no "?", so no head is an interrogation head."""
     for model in analysis["models"]:
         for r in model["positional"]:
             assert r["previous"] is None or 0.0 <= r["previous"] <= 1.0
@@ -262,7 +269,9 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
         assert all(r["mass"] is None for r in model["interrogation"]) and model["interrogation_heads"] == []
     assert analysis["interrogation_threshold"] == 0.5
 
-    # tables: one row per model and head / layer / type
+
+def assert_tables(output_dir):
+    """The comparison's CSV tables: one row per model and head / layer / type."""
     with open(output_dir / "comparison.csv") as f:
         comparison = list(csv.DictReader(f))
     assert [(r["model"], r["attention"]) for r in comparison] == [
@@ -286,7 +295,9 @@ def test_console_script_compares_plain_transformer_alpha_entmax_and_topk(
     ):
         assert (output_dir / table).read_text().startswith("model,attention,"), table
 
-    # figures: comparison figures, per-model figures, one attention map per model, type and layer
+
+def assert_figures(output_dir):
+    """The figures: comparison figures, per-model figures, one attention map per model, type and layer."""
     figures = {p.name for p in output_dir.glob("*.png")}
     # (learning_curves.png: the alpha model's training log has its validation)
     expected = {

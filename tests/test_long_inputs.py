@@ -101,97 +101,38 @@ def write_long_corpus(directory, seed=0):
     return directory
 
 
+# The options of the commands below that do not name a path or a normalizer.
+TRAIN_OPTIONS = (
+    "--max-tokens 1100 --required-batch-size-multiple 1 --max-update 2 --max-epoch 2 --optimizer adam --lr 0.001 "
+    "--criterion label_smoothed_cross_entropy --cpu --num-workers 0 --seed 1 --disable-validation "
+    "--no-epoch-checkpoints --log-format json --log-interval 1 --no-progress-bar"
+).split()
+GENERATE_OPTIONS = (
+    "--gen-subset test --beam 4 --batch-size 1 --required-batch-size-multiple 1 --max-len-a 0 "
+    f"--max-len-b {TARGET_WORDS} --cpu --num-workers 0"
+).split()
+
+
 def commands(raw, data_bin, work):
     yield (
         "preprocess",
         "fairseq-preprocess",
-        [
-            "--source-lang",
-            "src",
-            "--target-lang",
-            "tgt",
-            "--trainpref",
-            raw / "train",
-            "--testpref",
-            raw / "test",
-            "--destdir",
-            data_bin,
-            "--joined-dictionary",
-            "--workers",
-            "1",
-        ],
+        ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", raw / "train", "--testpref", raw / "test"]
+        + ["--destdir", data_bin, "--joined-dictionary", "--workers", "1"],
     )
     for normalizer in NORMALIZER_NAMES:
         save_dir = work / normalizer
         yield (
             f"train {normalizer}",
             "fairseq-train",
-            [
-                data_bin,
-                "--user-dir",
-                USER_DIR,
-                *LONG_MODEL_ARGS,
-                "--attention-normalizer",
-                normalizer,
-                *POSITIONS,
-                "--max-tokens",
-                "1100",
-                "--required-batch-size-multiple",
-                "1",
-                "--max-update",
-                "2",
-                "--max-epoch",
-                "2",
-                "--optimizer",
-                "adam",
-                "--lr",
-                "0.001",
-                "--criterion",
-                "label_smoothed_cross_entropy",
-                "--cpu",
-                "--num-workers",
-                "0",
-                "--seed",
-                "1",
-                "--disable-validation",
-                "--save-dir",
-                save_dir,
-                "--no-epoch-checkpoints",
-                "--log-format",
-                "json",
-                "--log-interval",
-                "1",
-                "--no-progress-bar",
-            ],
+            [data_bin, "--user-dir", USER_DIR, *LONG_MODEL_ARGS, "--attention-normalizer", normalizer, *POSITIONS]
+            + [*TRAIN_OPTIONS, "--save-dir", save_dir],
         )
         yield (
             f"generate {normalizer}",
             "fairseq-generate",
-            [
-                data_bin,
-                "--user-dir",
-                USER_DIR,
-                "--path",
-                save_dir / "checkpoint_last.pt",
-                *POSITIONS,
-                "--gen-subset",
-                "test",
-                "--beam",
-                "4",
-                "--batch-size",
-                "1",
-                "--required-batch-size-multiple",
-                "1",
-                "--max-len-a",
-                "0",
-                "--max-len-b",
-                str(TARGET_WORDS),
-                "--cpu",
-                "--num-workers",
-                "0",
-                "--results-path",
-                save_dir,
-            ],
+            [data_bin, "--user-dir", USER_DIR, "--path", save_dir / "checkpoint_last.pt", *POSITIONS]
+            + [*GENERATE_OPTIONS, "--results-path", save_dir],
         )
 
 

@@ -95,6 +95,12 @@ def _parser():
     parser.add_argument(
         "--work-dir", type=Path, help="where everything goes (default: runs/<task>-<src>-<tgt>[-smoke])"
     )
+    _add_training_options(parser)
+    return parser
+
+
+def _add_training_options(parser):
+    """The recipe's options of what it trains and evaluates."""
     parser.add_argument(
         "--models",
         nargs="+",
@@ -139,7 +145,6 @@ def _parser():
         action="store_true",
         help="prepare, tokenize, bpe and binarize, then stop: the data-bin to train from, made without a GPU",
     )
-    return parser
 
 
 def parse_args(argv=None):

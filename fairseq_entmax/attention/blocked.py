@@ -283,6 +283,19 @@ def _check_heads(query, key, enable_gqa):
         )
 
 
+def _check_numbers(dropout_p, scale, block_queries):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"scaled_dot_product_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if scale is not None and (
+        isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)
+    ):
+        raise ValueError(f"scaled_dot_product_attention: scale must be a finite number or None, got {scale!r}")
+    if block_queries is not None and (
+        isinstance(block_queries, bool) or not isinstance(block_queries, numbers.Integral) or block_queries < 1
+    ):
+        raise ValueError(f"scaled_dot_product_attention: block_queries must be an int >= 1, got {block_queries!r}")
+
+
 def _check_mask(attn_mask, is_causal, target_shape):
     if attn_mask is None:
         return
@@ -425,16 +438,9 @@ def scaled_dot_product_attention(
     heads, queries, dim = query.shape[-3:]
     keys = key.shape[-2]
     _check_mask(attn_mask, is_causal, batch_shape + (heads, queries, keys))
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"scaled_dot_product_attention: dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    _check_numbers(dropout_p, scale, block_queries)
     if scale is None:
         scale = dim**-0.5 if dim else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
-        raise ValueError(f"scaled_dot_product_attention: scale must be a finite number or None, got {scale!r}")
-    if block_queries is not None and (
-        isinstance(block_queries, bool) or not isinstance(block_queries, numbers.Integral) or block_queries < 1
-    ):
-        raise ValueError(f"scaled_dot_product_attention: block_queries must be an int >= 1, got {block_queries!r}")
     module = _normalizer_module(normalizer, heads, normalizer_options)
     rows, alpha = recomputable_rows(module)
     batch = math.prod(batch_shape)

@@ -176,6 +176,21 @@ def _materialized_attention(normalizer, module, query, key, value, mask, is_caus
     return torch.matmul(weights, value), weights
 
 
+def _refuse_unsupported(name, module, attention_mask, kwargs):
+    """Raise for what no function here computes: attention sinks, packed sequences without a mask."""
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError(
+            f"attn_implementation={name!r}: {type(module).__name__} passes attention sinks (s_aux), "
+            "which fairseq_entmax's normalizers do not support"
+        )
+    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
+        raise ValueError(
+            f"attn_implementation={name!r}: {type(module).__name__} was called with packed sequences "
+            "(cu_seq_lens_q) and no attention mask, which would let the sequences see each other: "
+            "pass an attention_mask (padded batches) instead of packing"
+        )
+
+
 def sparse_attention_forward(
     name, module, query, key, value, attention_mask, dropout=0.0, scaling=None, position_bias=None, **kwargs
 ):
@@ -216,17 +231,7 @@ def sparse_attention_forward(
             (`cu_seq_lens_q`, transformers' packed sequences), whose boundaries these functions
             do not read; see also normalizer_of.
     """
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
-            f"attn_implementation={name!r}: {type(module).__name__} passes attention sinks (s_aux), "
-            "which fairseq_entmax's normalizers do not support"
-        )
-    if attention_mask is None and kwargs.get("cu_seq_lens_q") is not None:
-        raise ValueError(
-            f"attn_implementation={name!r}: {type(module).__name__} was called with packed sequences "
-            "(cu_seq_lens_q) and no attention mask, which would let the sequences see each other: "
-            "pass an attention_mask (padded batches) instead of packing"
-        )
+    _refuse_unsupported(name, module, attention_mask, kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     is_causal = _is_causal(module, query, attention_mask, kwargs)
