@@ -1,3 +1,3 @@
 """Speed and memory benchmarks of the plugin, each a module run from the repository root as
-`python -m benchmarks.NAME`; they import each other, the examples and fairseq_entmax as packages.
+`python -m benchmarks.NAME`; they import each other, fairseq_entmax and fairseq, never examples/.
 Their results, machine and command are in benchmarks/RESULTS.md."""

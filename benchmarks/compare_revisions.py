@@ -17,12 +17,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.revisions import REPOSITORY, export, git
-from examples.pipeline.tools import run_logged
 
 BENCHMARK = "benchmarks.normalizers"
 DEFAULT_SHAPES = ["128x128x128", "32x512x512"]
@@ -48,17 +48,18 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     # Run from package_root: `python -c` and `-m` put the current folder before PYTHONPATH.
     # REPOSITORY after it: this tree's benchmarks package, which REF's export does not hold.
     env = {"PYTHONPATH": os.pathsep.join([str(package_root), str(REPOSITORY)])}
-    where = run_logged(
+    where = subprocess.run(
         [sys.executable, "-c", "import fairseq_entmax; print(fairseq_entmax.__file__)"],
-        env=env,
+        env=dict(os.environ, **env),
         cwd=package_root,
-        check=False,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(Path(package_root).resolve()):
         raise SystemExit(f"error: fairseq_entmax imports from {where!r}, not from {package_root}")
     command = [sys.executable, "-m", BENCHMARK, "--ours-only", "--no-memory", "--json", str(output)]
     command += ["--rounds", str(rounds), "--threads", str(threads), "--clock", clock, "--shapes", *shapes]
-    done = run_logged(command, env=env, cwd=package_root, check=False)
+    done = subprocess.run(command, env=dict(os.environ, **env), cwd=package_root, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-2000:]}")
     rows = json.loads(Path(output).read_text())["rows"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.commands import exit_status
 from benchmarks.fresh_process import call_in_fresh_process
-from examples.pipeline.tools import run_reporting_errors
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules import sparse_multihead_attention
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -165,4 +165,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(run_reporting_errors(lambda _: main(), None))
+    sys.exit(exit_status(main))

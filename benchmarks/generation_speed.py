@@ -28,9 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.commands import BIN, exit_status
+from benchmarks.commands import run as run_command
 from benchmarks.machine import describe
-from examples.pipeline.evaluation import generate_command
-from examples.pipeline.tools import run_logged, run_reporting_errors
+from fairseq_entmax import USER_DIR
 
 TRANSLATED = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")
 
@@ -63,11 +64,14 @@ def translate(data_bin, checkpoint, subset, out_dir, beam, lenpen, device, fp16)
     Returns:
         (sentences, output tokens, seconds), as fairseq reports them.
     """
-    command = generate_command(data_bin, checkpoint, subset, out_dir, beam=beam, lenpen=lenpen, cpu=device == "cpu")
+    # The evaluation's settings (examples.pipeline.evaluation): every sentence, batches of 8000 tokens.
+    command = [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--path"]
+    command += [checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen, "--max-tokens", 8000]
+    command += ["--remove-bpe", "--results-path", out_dir] + (["--cpu"] if device == "cpu" else [])
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     log = Path(out_dir) / "generate.log"
     # fairseq logs the line to its results file or, where logging was set up first, to stderr.
-    text = run_logged(command + (["--fp16"] if fp16 else []), log).output
+    text = run_command(command + (["--fp16"] if fp16 else []), log).output
     match = TRANSLATED.search(text + (Path(out_dir) / f"generate-{subset}.txt").read_text(encoding="utf-8"))
     if match is None:
         sys.exit(f"no 'Translated N sentences' line in fairseq-generate's output ({log})")
@@ -167,4 +171,4 @@ def main(argv=None):
 
 if __name__ == "__main__":
     # A failed fairseq-generate: its message and the end of its output, exit status 1.
-    sys.exit(run_reporting_errors(lambda _: main(), None))
+    sys.exit(exit_status(main))

@@ -1,11 +1,10 @@
 """Files of another commit of this repository, for benchmarks that compare it with the working
 tree."""
 
+import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
-
-from examples.pipeline.tools import run_logged
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -16,7 +15,7 @@ def git(*args):
     Raises:
         SystemExit: git failed; its message is printed as one line.
     """
-    done = run_logged(["git", *args], cwd=REPOSITORY, check=False)
+    done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True)
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines()
         raise SystemExit(f"error: git {' '.join(args)}: {lines[-1] if lines else 'no message'}")
@@ -29,7 +28,9 @@ def commit_of(ref):
     Raises:
         SystemExit: REF names no commit of this repository.
     """
-    done = run_logged(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPOSITORY, check=False)
+    done = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPOSITORY, capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"error: {ref!r} is not a commit of this repository (see git log)")
     return done.stdout.strip()

@@ -39,13 +39,12 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.commands import BIN, exit_status
+from benchmarks.commands import run as run_command
 from benchmarks.machine import describe
-from examples.pipeline.tools import run_logged, run_reporting_errors
-from examples.pipeline.training import model_size_args
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.names import NORMALIZER_LABELS, NORMALIZER_NAMES
 
-BIN = Path(sys.executable).parent
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/iwslt16_de_en_sample"
 
 # name (--models, the JSON's keys) -> extra fairseq-train arguments; the first entry, fairseq's
@@ -85,6 +84,20 @@ def label(model):
 # Sentences per fairseq-generate batch.
 GEN_BATCH = 16
 
+
+def model_size_args(layers, embed_dim, ffn_embed_dim, attention_heads):
+    """fairseq-train's size options, the same for the encoder and the decoder."""
+    values = {
+        "layers": layers,
+        "embed-dim": embed_dim,
+        "ffn-embed-dim": ffn_embed_dim,
+        "attention-heads": attention_heads,
+    }
+    return [
+        arg for option, value in values.items() for arg in (f"--encoder-{option}", value, f"--decoder-{option}", value)
+    ]
+
+
 # A setting: architecture, size overrides, how many corpus lines are joined into one sentence
 # (to make sentences long, where attention weighs most), tokens per batch, generated length,
 # sentences translated (enough that a run's time is seconds: fairseq reports it to 0.1 s).
@@ -123,7 +136,7 @@ DEFAULT_SETTINGS = ["paper-size", "long-small"]
 
 
 def run(args, log, gpu_peak_file=None):
-    """Run a fairseq command (examples.pipeline.tools.run_logged) and read its peak memory.
+    """Run a fairseq command (benchmarks.commands.run) and read its peak memory.
 
     Args:
         args: the command and its arguments.
@@ -136,10 +149,9 @@ def run(args, log, gpu_peak_file=None):
         resident set size, or on the GPU what torch allocated there, from gpu_peak_file).
 
     Raises:
-        PipelineError: the command refused a checkpoint (its one line).
-        ToolError: the command failed otherwise; the message holds the end of its output.
+        CommandFailed: the command failed; the message holds the end of its output.
     """
-    finished = run_logged(args, log)
+    finished = run_command(args, log)
     if gpu_peak_file is not None:
         return finished.output, json.loads(Path(gpu_peak_file).read_text())["peak_allocated_bytes"] / 2**20
     return finished.output, finished.peak_rss_mib
@@ -646,4 +658,4 @@ def main():
 
 if __name__ == "__main__":
     # A failed fairseq command: its message and the end of its output, exit status 1.
-    sys.exit(run_reporting_errors(lambda _: main(), None))
+    sys.exit(exit_status(main))

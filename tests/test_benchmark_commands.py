@@ -2,6 +2,7 @@
 the repository root): every such command in the Makefile and the Markdown names a module that
 exists, and none runs a benchmark as a script by its path, which would not import the package."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -33,3 +34,14 @@ def test_no_benchmark_is_run_by_its_path():
         if by_path.search(line)
     ]
     assert not runs, runs
+
+
+def test_no_benchmark_imports_the_examples():
+    """The benchmarks stand alone: what they measure is the package, not the examples' pipeline."""
+    importing = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            importing += [(path.name, name) for name in names if name.split(".")[0] == "examples"]
+    assert not importing, importing

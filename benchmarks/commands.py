@@ -1,0 +1,82 @@
+"""The commands a benchmark measures, each in a process of its own: its output, its peak
+memory, and the benchmark's exit status when one fails. The benchmarks stand alone: they import
+this package and fairseq, never examples/."""
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The console scripts (fairseq-train, ...) installed beside this Python.
+BIN = Path(sys.executable).parent
+
+
+class CommandFailed(RuntimeError):
+    """A command exited with a non-zero status; the message names it and ends with its output."""
+
+
+@dataclass
+class Finished:
+    """A command that ran to its end.
+
+    Attributes:
+        args: the command and its arguments.
+        output: what it wrote to stdout and stderr, interleaved.
+        peak_rss_mib: the peak resident set size of its process, MiB.
+    """
+
+    args: list
+    output: str
+    peak_rss_mib: float
+
+
+def run(args, log_path=None):
+    """Run a command to its end, its output appended to a log file.
+
+    Args:
+        args: the command and its arguments (str() each).
+        log_path: the log file, or None.
+
+    Returns:
+        Finished.
+
+    Raises:
+        CommandFailed: it exited with a non-zero status.
+    """
+    args = [str(a) for a in args]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    output = proc.stdout.read()
+    proc.stdout.close()
+    # os.wait4, not Popen.wait: it also gives the child's peak memory.
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"$ {' '.join(args)}\n{output}")
+    if proc.returncode != 0:
+        tail = "\n".join(output.splitlines()[-30:])
+        raise CommandFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {' '.join(args)}\n{tail}")
+    return Finished(args, output, usage.ru_maxrss / 1024)
+
+
+def exit_status(main):
+    """A benchmark's exit status: 0, or 1 after a failed command, whose message goes to stderr.
+
+    Args:
+        main: the benchmark, a function of no arguments.
+    """
+    try:
+        main()
+    except CommandFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
