@@ -494,7 +494,7 @@ def build_parser():
 
 
 @dataclass
-class Plan:
+class BenchmarkRun:
     """What a run measures, from its command line.
 
     Attributes:
@@ -522,7 +522,7 @@ class Plan:
         return "peak GPU MiB" if self.cuda else "peak RSS MiB"
 
 
-def plan_from(args, parser):
+def benchmark_run(args, parser):
     """Check the command line and choose the models.
 
     Args:
@@ -530,7 +530,7 @@ def plan_from(args, parser):
         parser: its parser (for the errors).
 
     Returns:
-        The Plan.
+        The BenchmarkRun.
     """
     models = {
         name: model_args
@@ -569,19 +569,19 @@ def plan_from(args, parser):
     generated = [
         model for model in models if args.generate == "all" or (args.generate == "uncompiled" and model not in compiled)
     ]
-    return Plan(args, models, compiled, generated, device_args)
+    return BenchmarkRun(args, models, compiled, generated, device_args)
 
 
-def measure_setting(plan, name, work, report):
-    """Train and time every model of the plan at one setting, printing progress and its table.
+def measure_setting(bench, name, work, report):
+    """Train and time every model of the run at one setting, printing progress and its table.
 
     Args:
-        plan: the Plan.
+        bench: the BenchmarkRun.
         name: the setting, a key of SETTINGS.
         work: the setting's work folder.
         report: the report (--json), updated as each measurement ends.
     """
-    args, models, generated = plan.args, plan.models, plan.generated
+    args, models, generated = bench.args, bench.models, bench.generated
     setting = SETTINGS[name]
     n_gen = args.gen_sentences or setting["gen_sentences"]
     data_bin = make_data(args.data, work, setting["join_lines"], args.lines, n_gen)
@@ -596,9 +596,9 @@ def measure_setting(plan, name, work, report):
                 save_dirs[model],
                 [a.format(**setting) for a in model_args],
                 setting,
-                plan.device_args,
+                bench.device_args,
                 args.updates,
-                cuda=plan.cuda,
+                cuda=bench.cuda,
                 save=model in generated,
             )
             results[model]["wps"].append(wps)
@@ -607,11 +607,11 @@ def measure_setting(plan, name, work, report):
             setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
             print(
                 f"[{name} round {round_ + 1}/{args.rounds}] {label(model)}: {wps:.0f} words/s, "
-                f"{plan.memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
+                f"{bench.memory_label} {memory:.0f} ({time.time() - t0:.0f}s)",
                 flush=True,
             )
         for repeat in range(args.gen_repeats if generated else 0):
-            rates = {model: generate(data_bin, save_dirs[model], setting, plan.device_args) for model in generated}
+            rates = {model: generate(data_bin, save_dirs[model], setting, bench.device_args) for model in generated}
             for model, sps in rates.items():
                 results[model]["sps"].append(sps)
             setting_report(report, name, f"{setting['about']} (unfinished)", results, args.json)
@@ -633,15 +633,15 @@ def measure_setting(plan, name, work, report):
     )
     median = setting_report(report, name, about, results, args.json)
     print(f"\n### {name}: {about}\n")
-    print(results_table(median, plan.memory_label))
+    print(results_table(median, bench.memory_label))
     print(flush=True)
 
 
 def main():
     """The benchmark's command line (see the top); prints the results table."""
     parser = build_parser()
-    plan = plan_from(parser.parse_args(), parser)
-    args = plan.args
+    bench = benchmark_run(parser.parse_args(), parser)
+    args = bench.args
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
     print(f"machine: {describe(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
     report = {
@@ -649,11 +649,11 @@ def main():
         "device": args.device,
         "fp16": args.fp16,
         "command": " ".join(sys.argv),
-        "memory": "peak GPU memory allocated by torch" if plan.cuda else "peak resident set size",
+        "memory": "peak GPU memory allocated by torch" if bench.cuda else "peak resident set size",
         "settings": {},
     }
     for name in args.settings:
-        measure_setting(plan, name, work_root / name, report)
+        measure_setting(bench, name, work_root / name, report)
 
 
 if __name__ == "__main__":
