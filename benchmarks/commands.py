@@ -1,6 +1,6 @@
 """The commands a benchmark measures, each in a process of its own: its output, its peak
-memory, and the benchmark's exit status when one fails. The benchmarks stand alone: they import
-this package and fairseq, never examples/."""
+memory, and the benchmark's exit status when one fails or refuses a checkpoint. The benchmarks
+stand alone: they import this package and fairseq, never examples/."""
 
 import os
 import subprocess
@@ -8,12 +8,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fairseq_entmax.repairs.checkpoint_safety import refusal_in
+
 # The console scripts (fairseq-train, ...) installed beside this Python.
 BIN = Path(sys.executable).parent
 
 
 class CommandFailed(RuntimeError):
     """A command exited with a non-zero status; the message names it and ends with its output."""
+
+
+class CheckpointRefused(RuntimeError):
+    """A command refused to load a checkpoint (the plugin's repair); the message is its one line."""
 
 
 @dataclass
@@ -42,7 +48,8 @@ def run(args, log_path=None):
         Finished.
 
     Raises:
-        CommandFailed: it exited with a non-zero status.
+        CheckpointRefused: it refused a checkpoint that could run code.
+        CommandFailed: it exited with a non-zero status otherwise.
     """
     args = [str(a) for a in args]
     proc = subprocess.Popen(
@@ -62,6 +69,8 @@ def run(args, log_path=None):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {' '.join(args)}\n{output}")
+    if proc.returncode != 0 and refusal_in(output) is not None:
+        raise CheckpointRefused(refusal_in(output))
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-30:])
         raise CommandFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {' '.join(args)}\n{tail}")
@@ -69,13 +78,17 @@ def run(args, log_path=None):
 
 
 def exit_status(main):
-    """A benchmark's exit status: 0, or 1 after a failed command, whose message goes to stderr.
+    """A benchmark's exit status: 0; 2 after a refused checkpoint, as the command itself exits;
+    1 after a failed command. The message goes to stderr.
 
     Args:
         main: the benchmark, a function of no arguments.
     """
     try:
         main()
+    except CheckpointRefused as error:
+        print(error, file=sys.stderr)
+        return 2
     except CommandFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
