@@ -4,11 +4,16 @@ the cap, the plan with its time estimate printed before training, and the senten
 table that says whether the models converged. In process, nothing trained
 (tests/test_quickstart.py runs the script itself)."""
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 
 from examples.quickstart import quickstart
 from examples.quickstart.quickstart import (
     CAP_MARGIN,
+    CONVERGENCE_FILE,
     OWN_CORPUS,
     PASSES_TO_STOP,
     PATIENCE,
@@ -23,6 +28,8 @@ from examples.quickstart.quickstart import (
     own_corpus_plan,
     seconds_per_update,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -66,29 +73,31 @@ def test_the_cap_is_one_and_a_half_times_the_slowest_measured_stop_from_1500_to_
 
 
 def test_the_cap_leaves_every_measured_model_room_to_stop_on_the_patience():
-    """The convergence measurements (docs/recipes.md) as the rule reads them: the cap sized for
-    each measured corpus is above the update at which the patience stopped each model there,
-    by the margin the rule promises, and the typical stop is their mean."""
-    measured = {  # batch tokens per pass: updates at the patience's stop
-        78_522: [1296],  # TED, 2,000 pairs: softmax
-        104_323: [1533],  # TED, 3,000 pairs
-        161_195: [2247],  # TED, 5,000 pairs
-        293_059: [4026],  # TED, 10,000 pairs
-        538_754: [7536],  # TED, 19,689 pairs
-        46_676: [690],  # Multi30k, 2,000 pairs: softmax
-        60_355: [740],  # Multi30k, 3,000 pairs
-        # Multi30k, 5,000 pairs: softmax at one thread; softmax, 1.5-entmax, alpha-entmax and
-        # top-k at two
-        92_538: [1485, 1705, 1210, 1540, 1540],
-        187_457: [2550, 2448],  # Multi30k, 11,422 pairs: softmax, alpha-entmax
-    }
+    """The convergence measurements (convergence.json, the table of docs/recipes.md) as the rule
+    reads them: the cap sized for each measured corpus is above the update at which the
+    patience stopped each model there, by the margin the rule promises, and the typical stop is
+    their mean."""
+    measured = json.loads(CONVERGENCE_FILE.read_text(encoding="utf-8"))
+    assert measured["max_tokens"] == OWN_CORPUS["max_tokens"] and len(measured["runs"]) == 14
     passes = []
-    for tokens, stops in measured.items():
-        assert all(stop * CAP_MARGIN <= own_corpus_max_update(tokens) for stop in stops)
-        assert all(stop <= expected_updates(tokens, passes=PASSES_TO_STOP["most"]) for stop in stops)
-        passes += [stop * OWN_CORPUS["max_tokens"] / tokens for stop in stops]
+    for run in measured["runs"]:
+        tokens, stop = run["batch_tokens_per_pass"], run["stopped_at_update"]
+        assert stop * CAP_MARGIN <= own_corpus_max_update(tokens), run
+        assert stop <= expected_updates(tokens, passes=PASSES_TO_STOP["most"]), run
+        passes.append(stop * OWN_CORPUS["max_tokens"] / tokens)
     assert max(passes) == pytest.approx(PASSES_TO_STOP["most"], abs=0.05)
     assert sum(passes) / len(passes) == pytest.approx(PASSES_TO_STOP["typical"], abs=0.05)
+
+
+def test_the_measurements_file_is_the_table_of_the_docs():
+    """Each run of convergence.json is a row of docs/recipes.md's convergence table: corpus and
+    pairs, batch tokens per pass, (merges,) threads, model and stopping update."""
+    table = (REPO / "docs" / "recipes.md").read_text(encoding="utf-8")
+    for run in json.loads(CONVERGENCE_FILE.read_text(encoding="utf-8"))["runs"]:
+        cells = [f"{run['corpus']}, {run['pairs']:,}", f"{run['batch_tokens_per_pass']:,}"]
+        after = [str(run["threads"]), run["normalizer"], f"{run['stopped_at_update']:,} ("]
+        row = r"\| " + r" \| ".join(map(re.escape, cells)) + r" \| [\d,]+ \| " + r" \| ".join(map(re.escape, after))
+        assert re.search(row, table), run
 
 
 def test_training_tokens_are_the_longer_side_plus_end_of_sentence(tmp_path):

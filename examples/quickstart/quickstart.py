@@ -85,10 +85,31 @@ MERGES_PER_TRAINING_PAIR, MERGES_RANGE = 0.5, (1000, 8000)
 PATIENCE = 3
 # Where the patience stopped the quickstart's models, measured on TED and Multi30k corpora of
 # 2,000 to 19,689 pairs (examples.quickstart.convergence; docs/recipes.md, "How long a corpus
-# takes to converge"), in passes over the training data: the estimate assumes the mean, and
-# the cap gives CAP_MARGIN times the most any model took, so that a corpus like those
-# converges before it, while a corpus too large to converge still stops in bounded time.
-PASSES_TO_STOP = {"typical": 30.3, "most": 37.7}
+# takes to converge"): the runs, in the file that the tests read too.
+CONVERGENCE_FILE = Path(__file__).with_name("convergence.json")
+
+
+def passes_to_stop(path=CONVERGENCE_FILE):
+    """The passes over the training data after which the patience stopped the measured models.
+
+    Args:
+        path: the measurements, a JSON file with max_tokens and runs of batch_tokens_per_pass
+            and stopped_at_update.
+
+    Returns:
+        {"typical": their mean, "most": their maximum}, to a tenth of a pass.
+    """
+    measured = json.loads(Path(path).read_text(encoding="utf-8"))
+    passes = [
+        run["stopped_at_update"] * measured["max_tokens"] / run["batch_tokens_per_pass"] for run in measured["runs"]
+    ]
+    return {"typical": round(sum(passes) / len(passes), 1), "most": round(max(passes), 1)}
+
+
+# The estimate assumes the typical stop, and the cap gives CAP_MARGIN times the most any model
+# took, so that a corpus like those converges before it, while a corpus too large to converge
+# still stops in bounded time.
+PASSES_TO_STOP = passes_to_stop()
 CAP_MARGIN, UPDATES_RANGE = 1.5, (1500, 12000)
 # The normalizers the quickstart trains and compares (NORMALIZER_NAMES has sparsemax too).
 NORMALIZERS = ("softmax", "entmax15", "alpha_entmax", "topk")
