@@ -53,27 +53,13 @@ STEPS = {
     "attention": ("python -m benchmarks.attention --device {device} --settings raw --causal causal", 100, False),
     "huggingface": ("python -m benchmarks.huggingface --device {device}", 80, False),
 }
-_TRAINING_ON_CUDA = ["--settings", "paper-size", "--fp16", "--rounds", "1", "--updates", "20", "--lines", "3900"] + [
-    "--models",
-    "sparsemax",
-    "entmax15",
-    "alpha_entmax",
-    "topk",
-]
+_TRAINING_ON_CUDA = ["--settings", "paper-size", "--fp16", "--rounds", "1", "--updates", "20", "--lines", "3900"]
+_TRAINING_ON_CUDA += ["--models", "sparsemax", "entmax15", "alpha_entmax", "topk"]
 # Each benchmark's arguments at each size: full on the GPU, tiny on the CPU.
 SIZE_ARGS = {
     "cuda": {
         "normalizers": ["--rounds", "5"],
-        "training": [
-            *_TRAINING_ON_CUDA,
-            "--gen-repeats",
-            "1",
-            "--models",
-            "sparsemax",
-            "entmax15",
-            "alpha_entmax",
-            "topk",
-        ],
+        "training": [*_TRAINING_ON_CUDA, "--gen-repeats", "1"],
         "training-compiled": [*_TRAINING_ON_CUDA, "--generate", "none"],
         "attention": ["--tokens", "4096", "16384"],
         "huggingface": ["--rounds", "3"],
@@ -116,9 +102,10 @@ def step_command(name, device, data, work):
             "--junitxml",
             str(work / "cuda-tests.xml"),
         ]
-    about = STEPS[name][0].format(device=device, data=data, work=work / name)
+    # Split before the paths are put in, which may hold spaces.
+    words = [word.format(device=device, data=data, work=work / name) for word in STEPS[name][0].split()[1:]]
     size_args = SIZE_ARGS[device].get(name) or SIZE_ARGS[device][name.split("-")[0]]
-    return [sys.executable, *about.split()[1:], *size_args, "--json", str(json_path)]
+    return [sys.executable, *words, *size_args, "--json", str(json_path)]
 
 
 def read_junit(path):
