@@ -81,7 +81,7 @@ def _toy_pair_is_in_the_corpus(block):
 
 
 def _quickstart_plan_is_printed(block):
-    """The plan sample is what own_corpus_plan prints for the counts the sample states."""
+    """The plan sample is what own_corpus_plan prints for the counts and timed rates the sample states."""
     from examples.quickstart import quickstart
 
     plan = block.strip().splitlines()[0]
@@ -89,14 +89,11 @@ def _quickstart_plan_is_printed(block):
         r"plan: (\d+) training pairs, (\d+) batch tokens per pass; (\d+) BPE", plan
     ).groups()
     cap = re.search(r"at most (\d+) updates", plan).group(1)
-    n_test, test_tokens = re.search(r"translating (\d+) test sentences \((\d+) BPE tokens\)", block).groups()
-    threads = re.search(r"fairseq-train at (\d+) thread", block).group(1)
+    threads, timed = re.search(r"at (\d+) thread\(s\) \(--threads\): (.*) s per update", block).groups()
+    rates = {name: float(rate) for name, rate in (pair.split() for pair in timed.split(", "))}
     size = dict(quickstart.OWN_CORPUS, bpe_merges=int(merges), max_update=int(cap))
-    counts = {"train": int(pairs), "test": int(n_test)}
     assert int(cap) == quickstart.own_corpus_max_update(int(tokens)), "the sample's cap is not the rule's"
-    printed = quickstart.own_corpus_plan(
-        size, counts, int(tokens), int(test_tokens), quickstart.NORMALIZERS, False, threads=int(threads)
-    )
+    printed = quickstart.own_corpus_plan(size, {"train": int(pairs)}, int(tokens), rates, False, threads=int(threads))
     assert block.strip().splitlines() == printed
 
 

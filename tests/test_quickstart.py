@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from examples.pipeline.tables import format_seconds
 from examples.quickstart.toy_language import ToyLanguagePair, write_toy_corpus
 from fairseq_entmax.names import ATTENTION_TYPES
 from helpers import run, write_tiny_corpus
@@ -216,10 +217,10 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
 
 def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(tmp_path):
     """A user's corpus without --tiny: BPE sized by the rule (300 pairs: 1000 merges), the plan
-    and its time estimate printed before training, --max-update replacing the sized cap (40
-    here), and a learning rate of ~0, with which validation accuracy cannot improve: the
-    patience of 3 epochs stops the 3+3-layer model after 4 epochs, in seconds, and the table
-    says so."""
+    and its time estimate, from the model's first updates timed on this machine, printed before
+    training, --max-update replacing the sized cap (40 here), and a learning rate of ~0, with
+    which validation accuracy cannot improve: the patience of 3 epochs stops the 3+3-layer model
+    after 4 epochs, in seconds, and the table says so."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
     proc = run(
@@ -250,14 +251,17 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(t
     assert "at most 40 updates of 2048 tokens per model" in plan and "(--max-update)" in plan
     assert "not improved for 3 epochs" in plan and "3+3 layers of width 128" in plan
     estimate = next(line for line in output.splitlines() if "] estimate: about " in line)
-    assert "for 1 model(s), each training to the cap of 40 updates" in estimate
-    # The suite's commands run with OMP_NUM_THREADS=1, which fairseq-train inherits: the
-    # estimate follows the threads torch gives it.
-    assert "fairseq-train at 1 thread(s)" in estimate
-    # The translation's part follows the test set's BPE tokens, both sides, as segmented.
-    bpe = work / "bpe"
-    test_tokens = sum(len((bpe / f"test.{lang}").read_text(encoding="utf-8").split()) for lang in ("src", "tgt"))
-    assert f"translating 20 test sentences ({test_tokens} BPE tokens)" in estimate
+    assert "for 1 model(s), each training to the cap of 40 updates; the training updates" in estimate
+    # The rate timed here: fairseq's updates per second over its log lines after the first
+    # of the timing run, which ran 8 updates and saved nothing; the estimate is 40 of them. The
+    # suite's commands run with OMP_NUM_THREADS=1, which fairseq-train inherits.
+    timing_log = (work / "timing" / "softmax" / "train.log").read_text()
+    speeds = [float(ups) for ups in re.findall(r"train_inner \|.*\bups=([\d.]+)", timing_log)]
+    assert len(speeds) == 4 and "--no-save" in timing_log.splitlines()[0]
+    assert not list((work / "timing").rglob("*.pt"))
+    rate = sum(1 / ups for ups in speeds[1:]) / 3
+    assert f"timed on this machine at 1 thread(s) (--threads): softmax {rate:.3f} s per update" in estimate
+    assert f"about {format_seconds(40 * rate)} for 1 model(s)" in estimate
     # A cap below the passes the slowest measured model needed: said before training starts.
     warning = next(line for line in output.splitlines() if "] warning: the cap of 40 updates is below" in line)
     assert "--max-update" in warning
@@ -279,5 +283,5 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(t
         "patience",
     ]
     assert "Every model stopped on the patience" in output and "compares unconverged models" not in output
-    # Each model's own rate, beside the estimate's, once it is trained.
-    assert f"softmax [1/1]: {row['updates']} updates in " in output and "s per update (the estimate's: " in output
+    # Each model's own rate, beside the timed one, once it is trained.
+    assert f"softmax [1/1]: {row['updates']} updates in " in output and f"(timed first updates: {rate:.2f})" in output

@@ -19,14 +19,12 @@ from examples.quickstart.quickstart import (
     PATIENCE,
     SIZES,
     convergence_note,
-    count_test_tokens,
     count_training_tokens,
     estimated_seconds,
     expected_updates,
     own_corpus_bpe_merges,
     own_corpus_max_update,
     own_corpus_plan,
-    seconds_per_update,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,70 +104,57 @@ def test_training_tokens_are_the_longer_side_plus_end_of_sentence(tmp_path):
     assert count_training_tokens(tmp_path, "de", "en") == (4 + 1) + (3 + 1)
 
 
-def test_test_tokens_are_both_sides_of_the_test_set(tmp_path):
-    (tmp_path / "test.de").write_text("ein kleines Haus\nja\n", encoding="utf-8")
-    (tmp_path / "test.en").write_text("a small house .\nyes , sure\n", encoding="utf-8")
-    assert count_test_tokens(tmp_path, "de", "en") == (3 + 1) + (4 + 3)
-
-
 @pytest.fixture
-def round_rates(monkeypatch):
-    """Round figures in place of the measured ones, so that the arithmetic below can be checked
-    by hand: 20 passes typical, 30 the most, 0.5 s per update at 8,000 merges and one thread,
-    half that at 1,000 merges, and per model 0.5 s to start translating plus 5 ms per test token
-    (26,000 tokens: 130.5 s)."""
+def round_passes(monkeypatch):
+    """Round figures in place of the measured passes, so that the arithmetic below can be
+    checked by hand: 20 passes typical, 30 the most."""
     monkeypatch.setattr(quickstart, "PASSES_TO_STOP", {"typical": 20, "most": 30})
-    monkeypatch.setattr(quickstart, "SECONDS_PER_UPDATE", dict.fromkeys(quickstart.NORMALIZERS, 0.5))
-    monkeypatch.setattr(quickstart, "SMALL_VOCABULARY_FACTOR", 0.5)
-    monkeypatch.setattr(quickstart, "EVALUATION_START_SECONDS", 0.5)
-    monkeypatch.setattr(quickstart, "SECONDS_PER_TEST_TOKEN", 0.005)
 
 
-def test_the_rate_follows_the_vocabulary_and_the_threads(round_rates):
-    assert seconds_per_update("softmax", 8000, 1) == pytest.approx(0.5)
-    assert seconds_per_update("softmax", 1000, 1) == pytest.approx(0.25)
-    assert seconds_per_update("softmax", 4500, 1) == pytest.approx(0.375)  # halfway: linear
-    assert seconds_per_update("softmax", 8000, 2) == pytest.approx(0.5 / 1.70)
-    assert seconds_per_update("softmax", 8000, 16) == pytest.approx(0.5 / 1.70)  # beyond two: two's
-    # 4 x (6400 x 0.5 + 0.5 + 26,000 x 0.005) = 13,322 s
-    assert estimated_seconds(6400, quickstart.NORMALIZERS, 26_000, 8000, 1) == pytest.approx(13322.0)
-    # The test set's length, not its sentences: half the tokens, 4 x 65 s less.
-    assert estimated_seconds(6400, quickstart.NORMALIZERS, 13_000, 8000, 1) == pytest.approx(13322.0 - 4 * 65)
+# Rates as time_first_updates gives them (seconds per update, timed on the user's machine).
+RATES = {"softmax": 0.5, "entmax15": 0.5, "alpha_entmax": 0.75, "topk": 0.25}
 
 
-def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_rates):
+def test_the_estimate_is_each_models_updates_at_its_timed_rate():
+    # 6,400 x (0.5 + 0.5 + 0.75 + 0.25) = 12,800 s
+    assert estimated_seconds(6400, RATES) == pytest.approx(12800.0)
+    assert estimated_seconds(6400, {"softmax": 0.5}) == pytest.approx(3200.0)
+
+
+def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_passes):
     # 434,307 batch tokens per pass: 212.06 batches of 2048. The cap: 1.5 x 30 passes = 9,542.8
     # batches, rounded up to 9,600; the typical stop: 20 passes, 4,241.3, rounded up to 4,300.
     assert own_corpus_max_update(434_307) == 9600 and expected_updates(434_307) == 4300
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=9600)
     counts = {"train": 16_000, "test": 1305}
-    plan = own_corpus_plan(size, counts, 434_307, 26_000, quickstart.NORMALIZERS, max_update_given=False, threads=1)
+    plan = own_corpus_plan(size, counts, 434_307, RATES, max_update_given=False, threads=1)
     assert len(plan) == 2, "a cap of the rule's own is no reason for a warning"
     assert "8000 BPE merges" in plan[0] and "at most 9600 updates of 2048 tokens per model" in plan[0]
     assert "45.3 passes over the training data (1.5 x the 30 passes the slowest measured model" in plan[0]
     assert "stops earlier once its validation accuracy has not improved for 3 epochs" in plan[0]
-    # 4 x (4,300 x 0.5 + 130.5) = 9,122 s; at the cap 4 x (9,600 x 0.5 + 130.5) = 19,722 s.
-    assert plan[1].startswith("estimate: about 152m02s for 4 model(s) if each stops near 4300 updates (20 passes")
-    assert "at most 328m42s at the cap" in plan[1] and "fairseq-train at 1 thread(s)" in plan[1]
-    assert "translating 1305 test sentences (26000 BPE tokens)" in plan[1]
+    # 4,300 x 2 = 8,600 s; at the cap 9,600 x 2 = 19,200 s.
+    assert plan[1].startswith("estimate: about 143m20s for 4 model(s) if each stops near 4300 updates (20 passes")
+    assert "at most 320m00s at the cap; the training updates" in plan[1]
+    rates = "softmax 0.500, entmax15 0.500, alpha_entmax 0.750, topk 0.250 s per update"
+    assert f"timed on this machine at 1 thread(s) (--threads): {rates}" in plan[1]
 
 
-def test_a_cap_below_the_slowest_measured_stop_is_warned_of(round_rates):
+def test_a_cap_below_the_slowest_measured_stop_is_warned_of(round_passes):
     size = dict(OWN_CORPUS, bpe_merges=8000, max_update=50)
     counts = {"train": 16_000, "test": 1305}
-    given = own_corpus_plan(size, counts, 434_307, 26_000, ["softmax"], max_update_given=True, threads=2)
+    given = own_corpus_plan(size, counts, 434_307, {"softmax": 0.5}, max_update_given=True, threads=2)
     assert "at most 50 updates of 2048 tokens per model, 0.2 passes over the training data (--max-update)" in given[0]
-    # 50 x 0.5 / 1.70 + 130.5 = 145.2 s at two threads.
-    assert given[1].startswith("estimate: about 2m25s for 1 model(s), each training to the cap of 50 updates")
-    assert "fairseq-train at 2 thread(s)" in given[1]
+    # 50 x 0.5 = 25 s.
+    assert given[1].startswith("estimate: about 25s for 1 model(s), each training to the cap of 50 updates")
+    assert "at 2 thread(s) (--threads): softmax 0.500 s per update" in given[1]
     # The slowest stop: 30 passes, 6,361.8 batches, 6,400; room: the rule's 9,600, at most
-    # 9,600 x 0.5 / 1.70 + 130.5 = 2,954 s.
+    # 9,600 x 0.5 = 4,800 s.
     assert given[2] == (
         "warning: the cap of 50 updates is below the 6400 (30 passes) that the slowest measured model needed "
         "before the patience stopped it: models may stop at the cap, unconverged, which the table will say; "
-        "--max-update 9600 gives them room, at most 49m14s"
+        "--max-update 9600 gives them room, at most 80m00s"
     )
-    zero = own_corpus_plan(size, counts, 434_307, 26_000, ["softmax"], max_update_given=True, patience=0, threads=2)
+    zero = own_corpus_plan(size, counts, 434_307, {"softmax": 0.5}, max_update_given=True, patience=0, threads=2)
     assert "every model trains to the cap (--patience 0)" in zero[0]
     assert len(zero) == 2, "without a patience every model trains to the cap: nothing to warn of"
 
@@ -185,12 +170,8 @@ def test_the_note_under_the_table_says_whether_the_models_converged():
     assert "compares unconverged models" in convergence_note(converged[:1] + at_cap[1:], 50, patience=0)
 
 
-def test_measured_rates_are_filled_in_and_the_demo_sizes_are_unchanged():
-    """The estimate uses measured rates (docs/recipes.md), and the toy pair keeps the sizes
-    whose table the docs record."""
-    assert set(quickstart.SECONDS_PER_UPDATE) == set(quickstart.NORMALIZERS)
-    assert all(rate > 0 for rate in quickstart.SECONDS_PER_UPDATE.values())
-    assert quickstart.EVALUATION_START_SECONDS > 0 and quickstart.SECONDS_PER_TEST_TOKEN > 0
+def test_the_demo_sizes_are_unchanged():
+    """The toy pair keeps the sizes whose table the docs record."""
     assert SIZES["demo"]["bpe_merges"] == 300 and SIZES["demo"]["max_update"] == 200
     assert PATIENCE == 3  # the reproduction's patience
 
@@ -223,6 +204,12 @@ def test_max_update_and_bpe_merges_override_the_rule(tmp_path, monkeypatch):
 
     monkeypatch.setattr(quickstart, "build_dataset", build_dataset)
     monkeypatch.setattr(quickstart, "train_and_evaluate", train_and_evaluate)
+
+    # No data-bin here to time updates on (tests/test_quickstart.py times them for real).
+    def time_first_updates(data_bin, work, settings, models, threads):
+        return {model: RATES[model] for model in models}
+
+    monkeypatch.setattr(quickstart, "time_first_updates", time_first_updates)
 
     def sizes(*options):
         work = tmp_path / ("work" + "".join(options))

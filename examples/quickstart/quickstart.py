@@ -14,16 +14,19 @@ resumes an interrupted training from its last checkpoint.
 On your corpus, each model trains until its validation accuracy has not improved for 3 epochs
 (--patience), under a cap on its updates sized to the corpus (own_corpus_max_update), and is
 evaluated with its best checkpoint; BPE is sized to the corpus too (own_corpus_bpe_merges). The
-plan is printed before training, with an estimate of its time where the patience typically
-stops a model and at the cap, and a warning when the cap is likely to stop the models before
+plan is printed before training, after the first updates of each normalizer are timed on this
+machine, with an estimate of the training time where the patience typically stops a model and
+at the cap, and a warning when the cap is likely to stop the models before
 they converge; each model's line then gives its own training rate, and the table says per
 model whether it stopped on the patience or at the cap. --max-update and --bpe-merges override
 the sizes. The toy pair trains every model for a fixed number of updates.
 """
 
 import argparse
+import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,8 +37,8 @@ from examples.pipeline.dataset import build_dataset
 from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import is_done, mark_done
 from examples.pipeline.tables import format_seconds, format_table
-from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import TrainSettings, model_size_args, training_summary
+from examples.pipeline.tools import log, run_logged, run_reporting_errors, threads_env, use_cpu
+from examples.pipeline.training import TrainSettings, model_size_args, train_command, training_summary
 from examples.quickstart.toy_language import write_toy_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,18 +116,11 @@ PASSES_TO_STOP = passes_to_stop()
 CAP_MARGIN, UPDATES_RANGE = 1.5, (1500, 12000)
 # The normalizers the quickstart trains and compares (NORMALIZER_NAMES has sparsemax too).
 NORMALIZERS = ("softmax", "entmax15", "alpha_entmax", "topk")
-# Measured for the estimate (docs/recipes.md, "How long a corpus takes to converge", says how),
-# on a 2-core Intel Xeon: seconds per update of fairseq-train of this model at one thread,
-# validation and checkpoints at each epoch's end included, with 8,000 BPE merges; the factor
-# a vocabulary of 1,000 merges gives (the output layer's share, interpolated linearly between);
-# the speed-up of two threads (beyond two, not measured: the estimate keeps two's); and per model,
-# fairseq-generate (beam 5) plus fairseq-entmax-analyze at two threads, alone on the machine: a
-# start-up and a rate per BPE token of the test set, source and target, which follows the length
-# of its sentences.
-SECONDS_PER_UPDATE = {"softmax": 0.63, "entmax15": 0.70, "alpha_entmax": 0.76, "topk": 0.70}
-SMALL_VOCABULARY_FACTOR = 0.57
-THREAD_SPEEDUP = {1: 1.0, 2: 1.70}
-EVALUATION_START_SECONDS, SECONDS_PER_TEST_TOKEN = 6.0, 0.00038
+# The estimate times the first updates of each normalizer on the user's machine: fairseq-train of
+# the run's model for TIMED_UPDATES updates, nothing saved, no validation, a log line every
+# TIMED_LOG_INTERVAL; the rate is the mean of fairseq's updates per second after the first line
+# (start-up and the first batches left out).
+TIMED_UPDATES, TIMED_LOG_INTERVAL = 8, 2
 
 
 def own_corpus_bpe_merges(n_training_pairs):
@@ -173,23 +169,6 @@ def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
     return int(min(UPDATES_RANGE[1], max(UPDATES_RANGE[0], updates)))
 
 
-def seconds_per_update(model, bpe_merges, threads):
-    """The estimate's training rate of one model (the measured rates above).
-
-    Args:
-        model: the normalizer (a key of SECONDS_PER_UPDATE).
-        bpe_merges: the BPE merges, which size the output layer.
-        threads: fairseq-train's threads.
-
-    Returns:
-        Seconds per update.
-    """
-    low, high = MERGES_RANGE
-    share = (min(max(bpe_merges, low), high) - low) / (high - low)
-    vocabulary = SMALL_VOCABULARY_FACTOR + (1 - SMALL_VOCABULARY_FACTOR) * share
-    return SECONDS_PER_UPDATE[model] * vocabulary / THREAD_SPEEDUP[min(threads, max(THREAD_SPEEDUP))]
-
-
 def count_training_tokens(bpe_dir, src, tgt):
     """What a pass over the training data costs in batch tokens.
 
@@ -206,36 +185,48 @@ def count_training_tokens(bpe_dir, src, tgt):
     return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
 
 
-def count_test_tokens(bpe_dir, src, tgt):
-    """What translating and analyzing the test set costs: its BPE tokens, source and target.
-
-    Args:
-        bpe_dir: the folder of the BPE-segmented text (test.SRC, test.TGT).
-        src: the source language suffix.
-        tgt: the target language suffix.
-
-    Returns:
-        The number of tokens of both sides together.
-    """
-    return sum(len(line.split()) for lang in (src, tgt) for line in read_lines(Path(bpe_dir) / f"test.{lang}"))
-
-
-def estimated_seconds(updates, models, test_tokens, bpe_merges, threads):
-    """The time training, translation and analysis take, at the measured rates above.
+def estimated_seconds(updates, rates):
+    """The time the models' training updates take at their timed rates.
 
     Args:
         updates: training updates per model.
-        models: the normalizers (keys of SECONDS_PER_UPDATE).
-        test_tokens: the test set's BPE tokens (count_test_tokens), translated and analyzed
-            once per model.
-        bpe_merges: the BPE merges.
-        threads: fairseq-train's threads.
+        rates: {normalizer: seconds per update on this machine} (time_first_updates), one per model.
 
     Returns:
         The estimate in seconds, for all models together.
     """
-    evaluation = EVALUATION_START_SECONDS + test_tokens * SECONDS_PER_TEST_TOKEN
-    return sum(updates * seconds_per_update(m, bpe_merges, threads) + evaluation for m in models)
+    return sum(updates * rate for rate in rates.values())
+
+
+def time_first_updates(data_bin, work, settings, models, threads):
+    """Each normalizer's training rate on this machine, from its first updates.
+
+    Args:
+        data_bin: the run's data-bin.
+        work: the work folder (the timing runs go to work/timing).
+        settings: the run's TrainSettings.
+        models: the normalizers.
+        threads: fairseq-train's threads (--threads, or None for torch's choice).
+
+    Returns:
+        {normalizer: seconds per update}.
+    """
+    timing = dataclasses.replace(
+        settings,
+        max_update=TIMED_UPDATES,
+        log_interval=TIMED_LOG_INTERVAL,
+        patience=0,
+        extra_args=[*settings.extra_args, "--no-save", "--disable-validation"],
+    )
+    rates = {}
+    for normalizer in models:
+        save_dir = work / "timing" / normalizer
+        log(f"{normalizer}: timing its first {TIMED_UPDATES} updates")
+        command = train_command(data_bin, save_dir, normalizer, timing, seed=1, cpu=use_cpu())
+        output = run_logged(command, save_dir / "train.log", env=threads_env(threads)).output
+        speeds = [float(ups) for ups in re.findall(r"train_inner \|.*\bups=([\d.]+)", output)][1:]
+        rates[normalizer] = sum(1 / ups for ups in speeds) / len(speeds)
+    return rates
 
 
 def training_threads(threads):
@@ -247,7 +238,7 @@ def training_threads(threads):
     return torch.get_num_threads()
 
 
-def own_corpus_plan(size, counts, training_tokens, test_tokens, models, max_update_given, patience=PATIENCE, threads=1):
+def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, patience=PATIENCE, threads=1):
     """The lines printed before training on a user's corpus: sizes, the time they take, and a
     warning when the cap is likely to stop the models before they converge.
 
@@ -255,8 +246,8 @@ def own_corpus_plan(size, counts, training_tokens, test_tokens, models, max_upda
         size: the run's sizes (OWN_CORPUS with bpe_merges and max_update, the cap, filled in).
         counts: {split: number of pairs} of the corpus.
         training_tokens: what a pass over the training data costs (count_training_tokens).
-        test_tokens: the test set's BPE tokens (count_test_tokens).
-        models: the normalizers to train.
+        rates: {normalizer: seconds per update} of the models to train, timed on this machine
+            (time_first_updates).
         max_update_given: whether --max-update set the cap (the plan says so).
         patience: the epochs without a better validation accuracy that stop a model (0: none).
         threads: fairseq-train's threads (training_threads).
@@ -285,20 +276,21 @@ def own_corpus_plan(size, counts, training_tokens, test_tokens, models, max_upda
     ]
 
     def total(updates):
-        return format_seconds(estimated_seconds(updates, models, test_tokens, merges, threads))
+        return format_seconds(estimated_seconds(updates, rates))
 
     typical = expected_updates(training_tokens, max_tokens)
     stops = (
-        f"about {total(typical)} for {len(models)} model(s) if each stops near {typical} updates "
+        f"about {total(typical)} for {len(rates)} model(s) if each stops near {typical} updates "
         f"({PASSES_TO_STOP['typical']:g} passes, where the patience typically stopped the measured models), "
         f"at most {total(cap)} at the cap"
         if patience and typical < cap
-        else f"about {total(cap)} for {len(models)} model(s), each training to the cap of {cap} updates"
+        else f"about {total(cap)} for {len(rates)} model(s), each training to the cap of {cap} updates"
     )
     lines.append(
-        f"estimate: {stops}; training, translating {counts['test']} test sentences ({test_tokens} BPE tokens) "
-        f"and analysis, fairseq-train at {threads} thread(s) (--threads), at the rates measured on a 2-core "
-        "Intel Xeon (docs/recipes.md); each model's own rate is logged once it is trained"
+        f"estimate: {stops}; the training updates at the rates timed on this machine at {threads} thread(s) "
+        "(--threads): "
+        + ", ".join(f"{name} {rate:.3f}" for name, rate in rates.items())
+        + " s per update; validation, translating the test set and the analysis come on top"
     )
     slowest = expected_updates(training_tokens, max_tokens, PASSES_TO_STOP["most"])
     if patience and cap < slowest:
@@ -526,17 +518,16 @@ def run(args):
         training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
         size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
-        test_tokens = count_test_tokens(work / "bpe", src, tgt)
+    settings = train_settings(args, size, patience)
+    if sized:
+        rates = time_first_updates(data_bin, work, settings, args.models, args.threads)
         threads = training_threads(args.threads)
-        for line in own_corpus_plan(
-            size, counts, training_tokens, test_tokens, args.models, bool(args.max_update), patience, threads
-        ):
+        for line in own_corpus_plan(size, counts, training_tokens, rates, bool(args.max_update), patience, threads):
             log(line)
 
     # 3. Training, one model per normalizer, all with the same size and budget, then
     # translation of the test set and scoring: a user's corpus with the best checkpoint, the
     # toy pair with the last.
-    settings = train_settings(args, size, patience)
     references = References(
         read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
     )
@@ -555,10 +546,10 @@ def run(args):
         if own_corpus:
             row.update(training_summary(work / "models" / model.name / "train.log"))
         if sized and row["updates"]:
-            estimate = seconds_per_update(normalizer, size["bpe_merges"], threads)
             log(
                 f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
-                f"{row['train_seconds'] / row['updates']:.2f} s per update (the estimate's: {estimate:.2f})"
+                f"{row['train_seconds'] / row['updates']:.2f} s per update with validation and checkpoints "
+                f"(timed first updates: {rates[normalizer]:.2f})"
             )
         rows.append(row)
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
