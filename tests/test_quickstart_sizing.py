@@ -121,6 +121,24 @@ def test_the_estimate_is_each_models_updates_at_its_timed_rate():
     assert estimated_seconds(6400, {"softmax": 0.5}) == pytest.approx(3200.0)
 
 
+def test_the_timed_rate_leaves_out_the_first_log_line():
+    """fairseq's updates per second after its first log line (start-up and first batches); the
+    epochs' own lines where an epoch is shorter than the log interval; a log without either is
+    refused, naming it."""
+    inner = "".join(
+        f"2026-12-06 09:00:1{i} | INFO | train_inner | epoch 001:  {2 * i} / 9 loss=1, ups={ups}, wpb=10, wall={i}\n"
+        for i, ups in enumerate([0.5, 2, 4, 4], 1)
+    )
+    assert quickstart.timed_rate(inner, "log") == pytest.approx((1 / 2 + 1 / 4 + 1 / 4) / 3)
+    epochs = "".join(
+        f"2026-12-06 09:00:1{i} | INFO | train | epoch 00{i} | loss 1 | ups {ups} | wpb 10 | wall {i}\n"
+        for i, ups in enumerate([1, 2.5], 1)
+    )
+    assert quickstart.timed_rate(epochs, "log") == pytest.approx(0.4)
+    with pytest.raises(quickstart.PipelineError, match="no training rate to time \\(work/train.log\\)"):
+        quickstart.timed_rate("| INFO | fairseq_cli.train | done training\n", "work/train.log")
+
+
 def test_plan_states_the_sizes_the_typical_time_and_the_time_at_the_cap(round_passes):
     # 434,307 batch tokens per pass: 212.06 batches of 2048. The cap: 1.5 x 30 passes = 9,542.8
     # batches, rounded up to 9,600; the typical stop: 20 passes, 4,241.3, rounded up to 4,300.

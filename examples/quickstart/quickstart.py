@@ -37,7 +37,7 @@ from examples.pipeline.dataset import build_dataset
 from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
 from examples.pipeline.markers import is_done, mark_done
 from examples.pipeline.tables import format_seconds, format_table
-from examples.pipeline.tools import log, run_logged, run_reporting_errors, threads_env, use_cpu
+from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors, threads_env, use_cpu
 from examples.pipeline.training import TrainSettings, model_size_args, train_command, training_summary
 from examples.quickstart.toy_language import write_toy_corpus
 
@@ -224,9 +224,31 @@ def time_first_updates(data_bin, work, settings, models, threads):
         log(f"{normalizer}: timing its first {TIMED_UPDATES} updates")
         command = train_command(data_bin, save_dir, normalizer, timing, seed=1, cpu=use_cpu())
         output = run_logged(command, save_dir / "train.log", env=threads_env(threads)).output
-        speeds = [float(ups) for ups in re.findall(r"train_inner \|.*\bups=([\d.]+)", output)][1:]
-        rates[normalizer] = sum(1 / ups for ups in speeds) / len(speeds)
+        rates[normalizer] = timed_rate(output, save_dir / "train.log")
     return rates
+
+
+def timed_rate(output, log_path):
+    """Seconds per update from a timing run's log: the mean of 1 / fairseq's updates per second
+    over its log lines after the first, the interval lines or, where an epoch is shorter than an
+    interval, the epochs' own lines.
+
+    Args:
+        output: fairseq-train's output.
+        log_path: its log file, for the message.
+
+    Returns:
+        Seconds per update.
+
+    Raises:
+        PipelineError: the log gives no rate.
+    """
+    speeds = [float(ups) for ups in re.findall(r"\| train_inner \|.*\bups=([\d.]+)", output)]
+    speeds = speeds or [float(ups) for ups in re.findall(r"\| train \|.*\| ups ([\d.]+)", output)]
+    speeds = speeds[1:] or speeds
+    if not speeds or min(speeds) <= 0:
+        raise PipelineError(f"fairseq-train logged no training rate to time ({log_path})")
+    return sum(1 / ups for ups in speeds) / len(speeds)
 
 
 def training_threads(threads):
