@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -243,8 +242,11 @@ def timed_rate(output, log_path):
     Raises:
         PipelineError: the log gives no rate.
     """
-    speeds = [float(ups) for ups in re.findall(r"\| train_inner \|.*\bups=([\d.]+)", output)]
-    speeds = speeds or [float(ups) for ups in re.findall(r"\| train \|.*\| ups ([\d.]+)", output)]
+    from fairseq_entmax.analysis.training_log import stats_of_line  # imports torch: only when timing
+
+    stats = [found for found in map(stats_of_line, output.splitlines()) if found and "ups" in found[1]]
+    speeds = [float(values["ups"]) for kind, values in stats if kind == "train_inner"]
+    speeds = speeds or [float(values["ups"]) for kind, values in stats if kind == "train"]
     speeds = speeds[1:] or speeds
     if not speeds or min(speeds) <= 0:
         raise PipelineError(f"fairseq-train logged no training rate to time ({log_path})")

@@ -45,10 +45,17 @@ def _payload(line):
         return payload, None
 
 
-def _stats_of_line(line):
-    """(kind, stats) of a fairseq stats line, kind being train_inner (every --log-interval
-    updates), train or valid (end of epoch); None for other lines. Reads the simple and the json
-    format, with or without the logging prefix."""
+def stats_of_line(line):
+    """The statistics of one fairseq log line. Reads the simple and the json format, with or
+    without the logging prefix.
+
+    Args:
+        line: a line of fairseq-train's output or --log-file.
+
+    Returns:
+        (kind, {name: value as logged}), kind being train_inner (every --log-interval updates),
+        train or valid (end of epoch); None for a line that holds no statistics.
+    """
     payload, stats = _payload(line)
     if payload.startswith("{"):
         if stats is None:
@@ -116,7 +123,7 @@ def read_log_file(path):
     by_tag = {tag: [] for tag in _TAGS}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            parsed = _stats_of_line(line) if "alpha_" in line else None
+            parsed = stats_of_line(line) if "alpha_" in line else None
             if parsed is None:
                 continue
             tag, stats = parsed
