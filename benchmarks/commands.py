@@ -69,8 +69,9 @@ def run(args, log_path=None):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"$ {' '.join(args)}\n{output}")
-    if proc.returncode != 0 and refusal_in(output) is not None:
-        raise CheckpointRefused(refusal_in(output))
+    refusal = refusal_in(output) if proc.returncode != 0 else None
+    if refusal is not None:
+        raise CheckpointRefused(refusal)
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-30:])
         raise CommandFailed(f"{Path(args[0]).name} failed (exit {proc.returncode}): {' '.join(args)}\n{tail}")

@@ -35,7 +35,7 @@ DEFAULT_DECODING = Decoding()
 
 @dataclass(frozen=True)
 class Model:
-    """One model to train: an normalizer and a seed.
+    """One model to train: a normalizer and a seed.
 
     Attributes:
         normalizer: the normalizer (fairseq_entmax.names.NORMALIZER_NAMES).

@@ -198,9 +198,9 @@ def sparse_attention_forward(
 
     Unless the weights are asked for (`output_attentions=True`, or receiving_weights), or the
     call has one query (a generation step, where the score matrix is one row per head) or
-    Gemma's soft-cap, it runs
-    fairseq_entmax.attention.scaled_dot_product_attention, which never holds the score matrix;
-    otherwise the scores, the normalizer and the weights are materialized, as eager attention does.
+    Gemma's soft-cap, it runs fairseq_entmax.attention.scaled_dot_product_attention, which never
+    holds the score matrix; otherwise the scores, the normalizer and the weights are
+    materialized, as eager attention does.
 
     Args:
         name: SPARSIFIED or one of NORMALIZER_NAMES.
