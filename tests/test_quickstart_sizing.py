@@ -205,23 +205,23 @@ def test_max_update_and_bpe_merges_override_the_rule(tmp_path, monkeypatch):
         (corpus / f"{split}.en").write_text("a house .\n" * 10, encoding="utf-8")
     chosen = {}
 
-    def build_dataset(raw_dir, src, tgt, work, bpe_merges, **kwargs):
+    def dataset_steps(raw_dir, src, tgt, work, bpe_merges, **kwargs):
         chosen["bpe_merges"] = bpe_merges
         (work / "bpe").mkdir(parents=True)
         for split in ("train", "test"):
             for lang in (src, tgt):
                 (work / "bpe" / f"{split}.{lang}").write_text("x y z\n" * 10, encoding="utf-8")
-        return work / "bpe", work / "data-bin"
+        return [], work / "bpe", work / "data-bin"
 
     class Stop(Exception):
         pass
 
-    def train_and_evaluate(data_bin, work, model, settings, *args, **kwargs):
-        chosen["settings"], chosen["select"] = settings, kwargs["select"]
+    def model_steps(data_bin, work, model, settings, references, rows, decoding, selections, **kwargs):
+        chosen["settings"], [chosen["select"]] = settings, selections
         raise Stop
 
-    monkeypatch.setattr(quickstart, "build_dataset", build_dataset)
-    monkeypatch.setattr(quickstart, "train_and_evaluate", train_and_evaluate)
+    monkeypatch.setattr(quickstart, "dataset_steps", dataset_steps)
+    monkeypatch.setattr(quickstart, "model_steps", model_steps)
 
     # No data-bin here to time updates on (tests/test_quickstart.py times them for real).
     def time_first_updates(data_bin, work, settings, models, threads):

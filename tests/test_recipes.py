@@ -9,6 +9,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from examples.pipeline import (
     dataset,
     evaluation,
     markers,
+    runner,
     tables,
     tokenization,
     tools,
@@ -97,6 +99,35 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
     assert "tok BLEU" in output and "| alpha_entmax " in output
 
 
+def _recorded_runs(work):
+    """The runs recorded in a work dir's commands.log: for each, the lines it executed."""
+    runs = []
+    for line in (work / "commands.log").read_text(encoding="utf-8").splitlines():
+        if line.startswith("# run of "):
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    return runs
+
+
+def _assert_the_run_executed_its_dry_run(options, work):
+    """The first run in `work` executed exactly the lines its dry run prints (after the header)."""
+    dry_run = run([*RECIPE, *options, "--work-dir", work, "--dry-run"], timeout=120, cwd=REPO).stdout.splitlines()
+    assert dry_run[0].startswith("# ") and "CPU" in dry_run[0]
+    assert _recorded_runs(work)[0] == dry_run[1:]
+
+
+@needs_shared_data
+def test_iwslt17_smoke_executes_exactly_its_dry_run(iwslt_smoke):
+    """Every command the run started (fairseq's, subword-nmt's, the analysis), each Python step
+    in between, in order, is a line of the dry run, and nothing else ran."""
+    work, _ = iwslt_smoke
+    _assert_the_run_executed_its_dry_run(["iwslt17", "--smoke", *SMOKE_OPTIONS, "--average-last", "2"], work)
+    executed = _recorded_runs(work)[0]
+    assert sum(line.split()[0].endswith("fairseq-train") for line in executed) == len(NORMALIZERS)
+    assert sum(line.split()[0].endswith("fairseq-generate") for line in executed) == 2 * len(NORMALIZERS)
+
+
 @needs_shared_data
 def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     work, _ = iwslt_smoke
@@ -106,6 +137,9 @@ def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
         assert f"{normalizer} [" in proc.stdout and "already trained" in proc.stdout
     assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
     assert (work / "data-bin" / "preprocess.done").stat().st_mtime == stamp
+    # The rerun ran no command: no tool, and the analysis of the same checkpoints was reused.
+    rerun = _recorded_runs(work)[-1]
+    assert rerun and all(line.startswith("# ") for line in rerun), rerun
 
 
 @needs_shared_data
@@ -364,12 +398,13 @@ def test_translations_of_a_changed_checkpoint_are_made_again(tmp_path, monkeypat
     checkpoint = tmp_path / "checkpoint_last.pt"
     checkpoint.write_bytes(b"the first model")
     out = tmp_path / "eval"
-    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
-    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 1"]
+    translation = evaluation.Translation("data-bin", checkpoint, "test", out)
+    assert translation.run() == ["translation 1"]
+    assert translation.run() == ["translation 1"]
     assert len(calls) == 1, "the finished translation was not reused"
     checkpoint.write_bytes(b"a model trained again")  # e.g. its folder deleted and retrained
-    assert evaluation.generate("data-bin", checkpoint, "test", out) == ["translation 2"]
-    assert evaluation.generate("data-bin", checkpoint, "test", out, evaluation.Decoding(beam=2)) == ["translation 3"]
+    assert translation.run() == ["translation 2"]
+    assert dataclasses.replace(translation, decoding=evaluation.Decoding(beam=2)).run() == ["translation 3"]
 
 
 def test_analysis_is_reused_only_for_the_same_checkpoints(tmp_path, monkeypatch):
@@ -423,7 +458,7 @@ def test_threads_reach_fairseq_generate_and_the_analysis(tmp_path, monkeypatch):
     checkpoint = tmp_path / "checkpoint_best.pt"
     checkpoint.write_bytes(b"a model")
     for threads, out in ((1, "one"), (None, "default")):
-        evaluation.generate("data-bin", checkpoint, "test", tmp_path / out, threads=threads)
+        evaluation.Translation("data-bin", checkpoint, "test", tmp_path / out).run(threads=threads)
         attention_analysis.analyze(
             "data-bin", {}, "test", tmp_path / out / "analysis", tmp_path / "a.log", threads=threads
         )
@@ -435,10 +470,10 @@ def test_binarize_resumes_after_an_interrupted_fairseq_preprocess(tmp_path):
     """An interrupt can leave the dictionaries in the destination, which fairseq-preprocess
     then refuses to overwrite."""
     text = _write_corpus(tmp_path / "text")
-    data_bin = tmp_path / "data-bin"
-    data_bin.mkdir()
+    steps, _, data_bin = dataset.dataset_steps(text, "de", "en", tmp_path / "work", 20, tokenize=False, clean=None)
+    data_bin.mkdir(parents=True)
     (data_bin / "dict.de.txt").write_text("ein 1\n")
-    dataset.binarize(text, "de", "en", data_bin, tmp_path / "preprocess.log")
+    runner.run_steps(steps)
     assert (data_bin / "train.de-en.de.bin").exists()
     assert "Satz 2" in (data_bin / "dict.de.txt").read_text()
 
@@ -763,11 +798,8 @@ def test_iwslt14_selection_takes_the_average_of_the_best_validation_bleu(tmp_pat
             "(BP=1.000, ratio=1.000, syslen=2, reflen=2)\n"
         )
 
-    monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 12.0)
     monkeypatch.setattr(evaluation, "run_logged", fake_generate)
-    row = selection.train_and_select(
-        "data-bin", work, evaluation.Model("topk", 1, label="topk"), None, (2, (2, 4, 6, 8, 10)), ["One.", "Two."], "en"
-    )
+    row = _select_among_averages(work, "topk", (2, 4, 6, 8, 10), monkeypatch)
     # No average ends at epoch 2 (epoch 1 is missing); the others are the means of their epochs.
     assert [(subset, name) for subset, name, _ in generated if subset == "valid"] == [
         ("valid", f"checkpoint_avg2_ep{end}.pt") for end in (4, 6, 8, 10)
@@ -781,12 +813,42 @@ def test_iwslt14_selection_takes_the_average_of_the_best_validation_bleu(tmp_pat
     assert row["train_seconds"] == 12.0
 
 
+def _select_among_averages(work, normalizer, ends, monkeypatch):
+    """Run the IWSLT14 selection's steps of one model (averages of 2 epoch checkpoints ending at
+    `ends`) over the checkpoints in `work`, its training faked (12 s). Returns its result row."""
+
+    def train(data_bin, save_dir, *args, **kwargs):
+        markers.mark_done(save_dir / "train.done", {"seconds": 12.0})
+
+    monkeypatch.setattr(selection, "train", train)
+    layout = SimpleNamespace(
+        work=work,
+        data_bin=Path("data-bin"),
+        references_raw=work / "test.orig.en",
+        save_dir=lambda normalizer, seed: work / "models" / f"{normalizer}-seed{seed}",
+    )
+    plan = SimpleNamespace(
+        layout=layout,
+        settings=training.TrainSettings(arch="transformer", max_update=0),
+        decoding=evaluation.DEFAULT_DECODING,
+        cpu=True,
+        smoke=False,
+        tgt="en",
+        rows=[],
+        references=lambda: ([], ["One.", "Two."]),
+    )
+    averages = selection.EpochAverages(average=(2, ends), smoke_average=(2, ends))
+    steps = averages.model_steps(plan, evaluation.Model(normalizer, 1, label=normalizer))
+    runner.run_steps(steps)
+    [row] = plan.rows
+    return row
+
+
 def test_iwslt14_selection_without_any_full_range_of_checkpoints_is_refused(tmp_path, monkeypatch):
     work = tmp_path / "work"
     _epoch_checkpoints(work / "models" / "softmax-seed1", [3])
-    monkeypatch.setattr(selection, "train", lambda *args, **kwargs: 1.0)
     with pytest.raises(tools.PipelineError, match="no 2 consecutive epoch checkpoints ending at any of epochs 3, 4"):
-        selection.train_and_select("data-bin", work, evaluation.Model("softmax", 1), None, (2, (3, 4)), [], "en")
+        _select_among_averages(work, "softmax", (3, 4), monkeypatch)
 
 
 @needs_shared_data
@@ -795,11 +857,9 @@ def test_iwslt14_smoke_runs_every_stage_and_selects_an_average(tmp_path):
     valid), a top-k model trained for 3 epochs, the averages of its last 2 epoch checkpoints
     ending at epochs 2 and 3 translating the validation set, the selected one the test set."""
     work = tmp_path / "work"
-    run(
-        [*RECIPE, "iwslt14", "--smoke", "--work-dir", work, "--seed", "1", "--models", "topk", "--skip-analysis"],
-        timeout=900,
-        cwd=REPO,
-    )
+    options = ["iwslt14", "--smoke", "--seed", "1", "--models", "topk", "--skip-analysis"]
+    run([*RECIPE, *options, "--work-dir", work], timeout=900, cwd=REPO)
+    _assert_the_run_executed_its_dry_run(options, work)
     [row] = json.loads((work / "results-seed1.json").read_text())
     assert row["model"] == "topk" and row["selection"] == "average"
     assert set(row["valid_bleu"]) == {"2", "3"} and row["end_epoch"] in (2, 3)

@@ -5,10 +5,12 @@ is a thin layer over the tool that does the work:
 - corpus: reading and checking the line-aligned parallel text
 - tokenization: Moses tokenisation and detokenisation (sacremoses)
 - bpe: joint BPE (subword-nmt) and the cleaning of training pairs
-- dataset: the data stage end to end, raw text to fairseq-preprocess's binarised data
+- runner: an experiment as a list of steps, each a command or a Python call with its line:
+  the dry run prints the lines, the run executes them and records them in commands.log
+- dataset: the data stage end to end, raw text to fairseq-preprocess's binarised data, as steps
 - training: the fairseq-train settings and run of one normalizer
-- checkpoints: the checkpoint to evaluate (last, best, or an average of the last n)
-- evaluation: fairseq-generate on the test set and its scores (sacrebleu)
+- checkpoints: averages of a run's checkpoints
+- evaluation: fairseq-generate and the scores (sacrebleu); a model's steps from training to scores
 - attention_analysis: fairseq-entmax-analyze (density, learned alphas, figures)
 - tables: the results table
 - markers, tools: the `<stage>.done` markers that let a rerun skip finished stages, and

@@ -1,29 +1,7 @@
 """Joint BPE (subword-nmt) and the cleaning of training pairs after it."""
 
-from pathlib import Path
-
 from .corpus import read_lines
-from .tools import PipelineError, run_logged, tool
-
-
-def learn_joint_bpe(train_source, train_target, merges, codes_path, log_path):
-    """Learn joint BPE on the concatenation of both training sides, as in the paper (subword-nmt).
-
-    Args:
-        train_source: the tokenised training text, source side.
-        train_target: the same, target side.
-        merges: the number of merge operations.
-        codes_path: where the BPE codes are written.
-        log_path: subword-nmt's log, appended to.
-    """
-    joint = Path(codes_path).with_suffix(".joint-train.txt")
-    with open(joint, "w", encoding="utf-8") as out:
-        for path in (train_source, train_target):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    out.write(line)
-    run_logged(learn_bpe_command(joint, merges, codes_path), log_path)
-    joint.unlink()
+from .tools import PipelineError, tool
 
 
 def learn_bpe_command(joint_text, merges, codes_path):
@@ -70,19 +48,6 @@ def apply_bpe_command(codes_path, in_path, out_path, workers=1):
             workers,
         ]
     ]
-
-
-def apply_bpe(codes_path, in_path, out_path, log_path, workers=1):
-    """Segment a file with BPE codes (subword-nmt apply-bpe).
-
-    Args:
-        codes_path: the BPE codes.
-        in_path: the tokenised text.
-        out_path: where its segmentation is written.
-        log_path: subword-nmt's log, appended to.
-        workers: subword-nmt's processes.
-    """
-    run_logged(apply_bpe_command(codes_path, in_path, out_path, workers), log_path)
 
 
 def clean_training_pair(bpe_dir, src, tgt, max_len, max_ratio):

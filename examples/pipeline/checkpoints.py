@@ -1,5 +1,4 @@
-"""The checkpoint of a finished run to evaluate: the last, the best, or the average of the
-last n (checkpoints are read through fairseq_entmax's safe loader)."""
+"""Averages of a finished run's checkpoints (read through fairseq_entmax's safe loader)."""
 
 import re
 from pathlib import Path
@@ -93,42 +92,14 @@ def averaged_checkpoint(save_dir, n, label):
         label: the run's name in progress lines.
 
     Returns:
-        The path of checkpoint_avg{n}.pt; checkpoint_last.pt's when the run has a single
-        state to average.
+        The path of checkpoint_avg{n}.pt (of a run with a single state, that state).
     """
     save_dir = Path(save_dir)
     out = save_dir / f"checkpoint_avg{n}.pt"
     if out.exists():
         return out
     paths = last_checkpoints(save_dir, n)
-    if len(paths) < 2:
-        log(f"{label}: a single checkpoint, nothing to average: using checkpoint_last.pt")
-        return save_dir / "checkpoint_last.pt"
+    # A run with a single state averages it alone: the file is where the dry run says.
     log(f"{label}: averaging {', '.join(p.name for p in paths)}")
     average_checkpoints(paths, out)
     return out
-
-
-def select_checkpoint(save_dir, select, n, label):
-    """The checkpoint of a finished run to evaluate.
-
-    Args:
-        save_dir: the run's --save-dir.
-        select: "last" (checkpoint_last.pt), "best" (checkpoint_best.pt: the best validation
-            metric fairseq saw, see TrainSettings.best_metric) or "average" (the parameters
-            of the last n checkpoints averaged).
-        n: with "average", how many checkpoints.
-        label: the run's name in progress lines.
-
-    Returns:
-        The checkpoint's path.
-
-    Raises:
-        PipelineError: `select` is none of the three.
-    """
-    save_dir = Path(save_dir)
-    if select == "average":
-        return averaged_checkpoint(save_dir, n, label)
-    if select not in ("last", "best"):
-        raise PipelineError(f"unknown checkpoint selection {select!r}: last, best or average")
-    return save_dir / f"checkpoint_{select}.pt"

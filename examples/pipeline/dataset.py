@@ -1,32 +1,18 @@
-"""The data stage end to end: raw text -> Moses tokenisation -> joint BPE -> cleaning ->
-fairseq-preprocess (binarisation), each step skipped when done with the same settings."""
+"""The data stage end to end, as runner steps: raw text -> Moses tokenisation -> joint BPE ->
+cleaning -> fairseq-preprocess (binarisation), each stage skipped when done with the same
+settings."""
 
+import dataclasses
+import shlex
 import shutil
 from pathlib import Path
 
-from .bpe import apply_bpe, clean_training_pair, learn_joint_bpe
+from .bpe import apply_bpe_command, clean_training_pair, learn_bpe_command
 from .corpus import SPLITS
 from .markers import done_with, mark_done
+from .runner import call_step, command_step
 from .tokenization import CHARACTER_SEGMENTED_LANGS, tokenize_file
 from .tools import log, run_logged, tool
-
-
-def binarize(text_dir, src, tgt, dest_dir, log_path, workers=1, joined_dictionary=True):
-    """Binarise a segmented corpus with fairseq-preprocess, into an emptied folder.
-
-    Args:
-        text_dir: the folder of {train,valid,test}.{SRC,TGT}.
-        src: the source language suffix.
-        tgt: the target language suffix.
-        dest_dir: the data-bin to write (emptied first).
-        log_path: fairseq-preprocess's log, appended to.
-        workers: fairseq-preprocess's processes.
-        joined_dictionary: one dictionary for both languages (False: one per language).
-    """
-    # fairseq-preprocess refuses a destination that holds a dictionary already, which an
-    # interrupted run leaves behind: start from an empty folder.
-    shutil.rmtree(dest_dir, ignore_errors=True)
-    run_logged(preprocess_command(text_dir, src, tgt, dest_dir, workers, joined_dictionary), log_path)
 
 
 def preprocess_command(text_dir, src, tgt, dest_dir, workers=1, joined_dictionary=True):
@@ -67,11 +53,11 @@ def preprocess_command(text_dir, src, tgt, dest_dir, workers=1, joined_dictionar
     ]
 
 
-def build_dataset(
+def dataset_steps(
     raw_dir, src, tgt, work, bpe_merges, tokenize=True, clean=(250, 1.5), workers=1, joined_dictionary=True
 ):
     """raw text -> [Moses tokenisation] -> joint BPE [+ cleaning of training pairs] ->
-    fairseq-preprocess, each step skipped when done with the same settings.
+    fairseq-preprocess, as runner Steps; a run skips each stage done with the same settings.
 
     Args:
         raw_dir: the folder of the raw corpus, {train,valid,test}.{SRC,TGT}.
@@ -85,11 +71,9 @@ def build_dataset(
         joined_dictionary: binarise with one dictionary for both languages (False: one each).
 
     Returns:
-        (tokenised text folder, data-bin folder): the first is raw_dir when `tokenize` is False.
-
-    Raises:
-        PipelineError: a stage was done with other settings, or cleaning left no pair.
-        ToolError: a tool failed.
+        (steps, tokenised text folder, data-bin folder): the text folder is raw_dir when
+        `tokenize` is False. A step raises PipelineError when its stage was done with other
+        settings or cleaning left no pair, ToolError when a tool failed.
     """
     work = Path(work)
     text_dir = work / "tok" if tokenize else Path(raw_dir)
@@ -98,47 +82,98 @@ def build_dataset(
     raw, resolved_work = Path(raw_dir).resolve(), work.resolve()
     inside = raw.is_relative_to(resolved_work)
     corpus = {"raw_dir": str(raw.relative_to(resolved_work) if inside else raw), "src": src, "tgt": tgt}
-    if tokenize and not done_with(text_dir / "tokenize.done", corpus, "the tokenized corpus"):
-        log(
-            "tokenize: Moses (sacremoses)"
-            + ("; ja/zh split into characters" if {src, tgt} & set(CHARACTER_SEGMENTED_LANGS) else "")
-        )
+    steps = _tokenize_steps(Path(raw_dir), text_dir, corpus, workers) if tokenize else []
+    bpe_settings = {**corpus, "tokenized": tokenize, "merges": bpe_merges, "clean": clean}
+    steps += _bpe_steps(text_dir, work / "bpe", bpe_settings, workers)
+    data_bin = work / "data-bin"
+    binarized = {**bpe_settings, "joined_dictionary": joined_dictionary}
+    marker = data_bin / "preprocess.done"
+    command = preprocess_command(work / "bpe", src, tgt, data_bin, workers, joined_dictionary)
+
+    def binarize():
+        log("binarize: fairseq-preprocess" + ("" if joined_dictionary else ", a dictionary per language"))
+        # fairseq-preprocess refuses a destination that holds a dictionary already, which an
+        # interrupted run leaves behind: start from an empty folder.
+        shutil.rmtree(data_bin, ignore_errors=True)
+        run_logged(command, work / "preprocess.log")
+        mark_done(marker, settings=binarized)
+
+    def binarized_before():
+        return done_with(marker, binarized, "the binarized data", defaults={"joined_dictionary": True})
+
+    steps.append(command_step(command, binarize, skip=binarized_before))
+    return steps, text_dir, data_bin
+
+
+def _tokenize_steps(raw_dir, text_dir, corpus, workers):
+    src, tgt, marker = corpus["src"], corpus["tgt"], text_dir / "tokenize.done"
+
+    def tokenize():
+        split_characters = {src, tgt} & set(CHARACTER_SEGMENTED_LANGS)
+        log("tokenize: Moses (sacremoses)" + ("; ja/zh split into characters" if split_characters else ""))
         text_dir.mkdir(parents=True, exist_ok=True)
         for split in SPLITS:
             for lang in (src, tgt):
-                tokenize_file(Path(raw_dir) / f"{split}.{lang}", text_dir / f"{split}.{lang}", lang, workers=workers)
-        mark_done(text_dir / "tokenize.done", settings=corpus)
-    bpe_dir = work / "bpe"
-    bpe_settings = {**corpus, "tokenized": tokenize, "merges": bpe_merges, "clean": clean}
-    if not done_with(bpe_dir / "bpe.done", bpe_settings, "the BPE-segmented corpus"):
-        log(f"bpe: learning {bpe_merges} joint merges (subword-nmt)")
+                tokenize_file(raw_dir / f"{split}.{lang}", text_dir / f"{split}.{lang}", lang, workers=workers)
+        mark_done(marker, settings=corpus)
+
+    line = (
+        f"# tokenize: Moses (sacremoses, -a, no escaping) {raw_dir}/{{train,valid,test}}.{{{src},{tgt}}}"
+        f" -> {text_dir} (tokenization.tokenize_file)"
+    )
+    return [call_step(line, tokenize, skip=lambda: done_with(marker, corpus, "the tokenized corpus"))]
+
+
+def _bpe_steps(text_dir, bpe_dir, settings, workers):
+    src, tgt, merges, clean = settings["src"], settings["tgt"], settings["merges"], settings["clean"]
+    marker, codes, bpe_log = bpe_dir / "bpe.done", bpe_dir / "codes", bpe_dir / "bpe.log"
+    joint = bpe_dir / "codes.joint-train.txt"
+    info = {}
+
+    def done_before():
+        return done_with(marker, settings, "the BPE-segmented corpus")
+
+    def join_training_text():
+        # Joint BPE, as in the paper: learnt on both training sides together.
+        log(f"bpe: learning {merges} joint merges (subword-nmt)")
         bpe_dir.mkdir(parents=True, exist_ok=True)
-        codes = bpe_dir / "codes"
-        learn_joint_bpe(text_dir / f"train.{src}", text_dir / f"train.{tgt}", bpe_merges, codes, bpe_dir / "bpe.log")
-        for split in SPLITS:
+        with open(joint, "w", encoding="utf-8") as out:
             for lang in (src, tgt):
-                apply_bpe(
-                    codes,
-                    text_dir / f"{split}.{lang}",
-                    bpe_dir / f"{split}.{lang}",
-                    bpe_dir / "bpe.log",
-                    workers=workers,
-                )
-        info = {}
-        if clean:
-            kept, dropped = clean_training_pair(bpe_dir, src, tgt, *clean)
-            rule = f"empty, > {clean[0]} tokens" + (f" or length ratio > {clean[1]}" if clean[1] else "")
+                out.write((text_dir / f"train.{lang}").read_text(encoding="utf-8"))
+
+    learn = learn_bpe_command(joint, merges, codes)
+    steps = [
+        call_step(
+            f"cat {shlex.quote(str(text_dir / f'train.{src}'))} {shlex.quote(str(text_dir / f'train.{tgt}'))}"
+            f" > {shlex.quote(str(joint))}",
+            join_training_text,
+            skip=done_before,
+        ),
+        command_step(learn, lambda: (run_logged(learn, bpe_log), joint.unlink()), skip=done_before),
+    ]
+    for split in SPLITS:
+        for lang in (src, tgt):
+            apply = apply_bpe_command(codes, text_dir / f"{split}.{lang}", bpe_dir / f"{split}.{lang}", workers)
+            steps.append(command_step(apply, lambda apply=apply: run_logged(apply, bpe_log), skip=done_before))
+    if clean:
+        max_len, ratio = clean
+        rule = f"empty, > {max_len} tokens" + (f" or of length ratio > {ratio}" if ratio else "")
+
+        def drop_pairs():
+            kept, dropped = clean_training_pair(bpe_dir, src, tgt, max_len, ratio)
             log(f"bpe: {kept} training pairs kept, {dropped} dropped ({rule})")
-            info = {"kept": kept, "dropped": dropped}
-        mark_done(bpe_dir / "bpe.done", info, settings=bpe_settings)
-    data_bin = work / "data-bin"
-    binarized_settings = {**bpe_settings, "joined_dictionary": joined_dictionary}
-    if not done_with(
-        data_bin / "preprocess.done", binarized_settings, "the binarized data", defaults={"joined_dictionary": True}
-    ):
-        log("binarize: fairseq-preprocess" + ("" if joined_dictionary else ", a dictionary per language"))
-        binarize(
-            bpe_dir, src, tgt, data_bin, work / "preprocess.log", workers=workers, joined_dictionary=joined_dictionary
+            info.update(kept=kept, dropped=dropped)
+
+        steps.append(
+            call_step(
+                f"# bpe: drop training pairs that are {rule} (bpe.clean_training_pair)", drop_pairs, skip=done_before
+            )
         )
-        mark_done(data_bin / "preprocess.done", settings=binarized_settings)
-    return text_dir, data_bin
+    last = steps[-1]
+
+    def last_then_mark():
+        last.action()
+        mark_done(marker, info, settings=settings)
+
+    steps[-1] = dataclasses.replace(last, action=last_then_mark)
+    return steps

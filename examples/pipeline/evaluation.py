@@ -1,17 +1,18 @@
 """Translation of the test set (fairseq-generate) and its scores (sacrebleu: BLEU, chrF,
-tokenized BLEU); `train_and_evaluate` runs one model from training to its scores."""
+tokenized BLEU); `model_steps`, the steps of one model from training to its scores."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from fairseq_entmax import USER_DIR
 
-from .checkpoints import select_checkpoint
+from .checkpoints import averaged_checkpoint
 from .corpus import read_lines
-from .markers import done_with_same_settings, fingerprint, is_done, mark_done
+from .markers import done_with_same_settings, fingerprint, is_done, mark_done, read_done
+from .runner import call_step, command_step
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
-from .tools import ToolError, log, run_logged, threads_env, tool, use_cpu
-from .training import train
+from .tools import ToolError, log, run_logged, threads_env, tool
+from .training import train, train_command, training_summary
 
 
 @dataclass(frozen=True)
@@ -79,95 +80,100 @@ class References:
     retokenize: bool = False
 
 
-def generate_command(data_bin, checkpoint, subset, out_dir, beam=5, lenpen=1.0, max_len=None, cpu=False):
-    """The fairseq-generate command that translates a subset.
+@dataclass(frozen=True)
+class Translation:
+    """fairseq-generate translating a subset with one checkpoint.
 
-    Args:
+    Attributes:
         data_bin: the data-bin.
         checkpoint: the model's checkpoint.
         subset: the subset to translate ("test").
-        out_dir: fairseq's --results-path: generate-<subset>.txt is written there.
-        beam: the beam size.
-        lenpen: the length penalty.
-        max_len: (a, b): at most a * source length + b tokens; None: fairseq's default.
-        cpu: whether to pass --cpu.
-
-    Returns:
-        The command, a list of str.
-    """
-    args = [
-        tool("fairseq-generate"),
-        data_bin,
-        "--user-dir",
-        USER_DIR,
-        "--task",
-        "translation",
-        "--path",
-        checkpoint,
-        "--gen-subset",
-        subset,
-        "--beam",
-        beam,
-        "--lenpen",
-        lenpen,
-        # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
-        # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
-        "--max-tokens",
-        8000,
-        "--remove-bpe",
-        "--results-path",
-        out_dir,
-    ]
-    if max_len:
-        args += ["--max-len-a", max_len[0], "--max-len-b", max_len[1]]
-    if cpu:
-        args.append("--cpu")
-    return [str(a) for a in args]
-
-
-def generate(data_bin, checkpoint, subset, out_dir, decoding=DEFAULT_DECODING, label="", threads=None):
-    """Translate a subset with fairseq-generate (skipped when done with the same checkpoint
-    and settings).
-
-    Args:
-        data_bin: the data-bin.
-        checkpoint: the model's checkpoint.
-        subset: the subset to translate ("test").
-        out_dir: where the translations and the log are written.
+        out_dir: fairseq's --results-path (generate-<subset>.txt), with <subset>.hyp and the log.
         decoding: the Decoding.
-        label: the model's name in progress lines.
-        threads: CPU threads of fairseq-generate (None: torch's choice).
-
-    Returns:
-        The hypotheses (BPE removed, still tokenised), a list in corpus order.
-
-    Raises:
-        ToolError: fairseq-generate failed or left sentences untranslated.
+        cpu: whether to pass --cpu.
     """
-    out_dir = Path(out_dir)
-    hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
-    beam, lenpen, max_len = decoding.beam, decoding.lenpen, decoding.max_len
-    made_with = {"checkpoint": fingerprint(checkpoint), "beam": beam, "lenpen": lenpen, "max_len": max_len}
-    if hyp_path.exists() and done_with_same_settings(marker, made_with):
-        return read_lines(hyp_path)
-    if hyp_path.exists() and is_done(marker):
-        log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
-    log(f"{label}: translating {subset} (beam {beam})")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = generate_command(data_bin, checkpoint, subset, out_dir, beam, lenpen, max_len, cpu=use_cpu())
-    run_logged(args, out_dir / "generate.log", env=threads_env(threads))
-    hypotheses = {}
-    for line in read_lines(out_dir / f"generate-{subset}.txt"):
-        if line.startswith("H-"):
-            key, _score, *text = line.split("\t")
-            hypotheses[int(key[2:])] = text[0] if text else ""
-    missing = sorted(set(range(max(hypotheses, default=-1) + 1)) - set(hypotheses))
-    if missing:
-        raise ToolError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
-    ordered = [hypotheses[i] for i in range(len(hypotheses))]
-    hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
-    mark_done(marker, settings=made_with)
-    return ordered
+
+    data_bin: Path
+    checkpoint: Path
+    subset: str
+    out_dir: Path
+    decoding: Decoding = DEFAULT_DECODING
+    cpu: bool = False
+
+    @property
+    def command(self):
+        """The fairseq-generate command, a list of str."""
+        d = self.decoding
+        args = [
+            tool("fairseq-generate"),
+            self.data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation",
+            "--path",
+            self.checkpoint,
+            "--gen-subset",
+            self.subset,
+            "--beam",
+            d.beam,
+            "--lenpen",
+            d.lenpen,
+            # (every test sentence is translated: --user-dir repairs fairseq's dropping of a last
+            # batch that is not a multiple of --required-batch-size-multiple, evaluation_batches)
+            "--max-tokens",
+            8000,
+            "--remove-bpe",
+            "--results-path",
+            self.out_dir,
+        ]
+        if d.max_len:
+            args += ["--max-len-a", d.max_len[0], "--max-len-b", d.max_len[1]]
+        if self.cpu:
+            args.append("--cpu")
+        return [str(a) for a in args]
+
+    def run(self, label="", threads=None):
+        """Translate (skipped when done with the same checkpoint, unchanged, and decoding).
+
+        Args:
+            label: the model's name in progress lines.
+            threads: CPU threads of fairseq-generate (None: torch's choice).
+
+        Returns:
+            The hypotheses (BPE removed, still tokenised), a list in corpus order, also
+            written to <out_dir>/<subset>.hyp.
+
+        Raises:
+            ToolError: fairseq-generate failed or left sentences untranslated.
+        """
+        out_dir, subset, d = Path(self.out_dir), self.subset, self.decoding
+        hyp_path, marker = out_dir / f"{subset}.hyp", out_dir / f"{subset}.done"
+        made_with = {
+            "checkpoint": fingerprint(self.checkpoint),
+            "beam": d.beam,
+            "lenpen": d.lenpen,
+            "max_len": d.max_len,
+        }
+        if hyp_path.exists() and done_with_same_settings(marker, made_with):
+            return read_lines(hyp_path)
+        if hyp_path.exists() and is_done(marker):
+            log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
+        log(f"{label}: translating {subset} (beam {d.beam})")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        run_logged(self.command, out_dir / "generate.log", env=threads_env(threads))
+        hypotheses = {}
+        for line in read_lines(out_dir / f"generate-{subset}.txt"):
+            if line.startswith("H-"):
+                key, _score, *text = line.split("\t")
+                hypotheses[int(key[2:])] = text[0] if text else ""
+        missing = sorted(set(range(max(hypotheses, default=-1) + 1)) - set(hypotheses))
+        if missing:
+            raise ToolError(f"fairseq-generate gave no translation for sentences {missing[:10]} of {subset}")
+        ordered = [hypotheses[i] for i in range(len(hypotheses))]
+        hyp_path.write_text("\n".join(ordered) + "\n", encoding="utf-8")
+        mark_done(marker, settings=made_with)
+        return ordered
 
 
 def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bleu=True, retokenize=False):
@@ -214,33 +220,67 @@ def score(hypotheses_tok, references_tok, references_raw, tgt_lang, tokenized_bl
     return result
 
 
-def train_and_evaluate(
-    data_bin, work, model, settings, references, decoding=Decoding(), select="last", average_last=None
+def model_steps(
+    data_bin, work, model, settings, references, rows, decoding=DEFAULT_DECODING, selections=("last",), **options
 ):
-    """Train one model (skipped when trained), translate the test set and score it.
+    """Train one model, translate the test set with each selected checkpoint and score it, as
+    runner Steps.
 
     Args:
         data_bin: the data-bin.
         work: the work folder (models/ and eval/ go there).
         model: the Model.
         settings: the TrainSettings.
-        references: the References it is scored against.
+        references: a function giving the References the translations are scored against
+            (called once the dataset is built).
+        rows: the list each score step appends its result row to.
         decoding: the Decoding.
-        select: the checkpoint to translate with (select_checkpoint): "last", "best" or
-            "average".
-        average_last: with "average", how many checkpoints (default: all those kept,
-            settings.keep_last_epochs).
+        selections: the checkpoints that translate the test set, each "last", "best" (the best
+            validation metric fairseq saw, TrainSettings.best_metric) or "average" (the
+            parameters of the last checkpoints averaged).
+        **options: average_last: how many checkpoints "average" takes (default: all those kept,
+            settings.keep_last_epochs); cpu: whether fairseq runs on the CPU (--cpu).
 
     Returns:
-        A result row: model, seed, selection, checkpoint, hypotheses (their file), the scores
-        of `score` and train_seconds (without the attention analysis).
+        The Steps, a list. Each result row holds model, seed, selection, checkpoint, hypotheses
+        (their file), the scores of `score`, train_seconds and training_summary's fields.
     """
-    name, label = model.name, model.shown
-    save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, model.normalizer, settings, seed=model.seed, label=label, threads=model.threads)
-    checkpoint = select_checkpoint(save_dir, select, average_last or settings.keep_last_epochs, label)
-    eval_dir = Path(work) / "eval" / (name if select == "last" else f"{name}-{select}")
-    hypotheses = generate(data_bin, checkpoint, "test", eval_dir, decoding, label=label, threads=model.threads)
+    cpu, label, threads = options.get("cpu", False), model.shown, model.threads
+    save_dir = Path(work) / "models" / model.name
+    training = train_command(data_bin, save_dir, model.normalizer, settings, model.seed, cpu)
+    steps = [
+        command_step(
+            training, lambda: train(data_bin, save_dir, model.normalizer, settings, model.seed, label, threads, cpu)
+        )
+    ]
+    for select in selections:
+        checkpoint = save_dir / f"checkpoint_{select}.pt"
+        if select == "average":
+            n = options.get("average_last") or settings.keep_last_epochs
+            checkpoint = save_dir / f"checkpoint_avg{n}.pt"
+            steps.append(
+                call_step(
+                    f"# average: the parameters of the last {n} checkpoints of {save_dir} -> {checkpoint} "
+                    "(checkpoints.averaged_checkpoint)",
+                    lambda n=n: averaged_checkpoint(save_dir, n, label),
+                )
+            )
+        out = Path(work) / "eval" / (model.name if select == "last" else f"{model.name}-{select}")
+        translation = Translation(data_bin, checkpoint, "test", out, decoding, cpu)
+        steps.append(command_step(translation.command, lambda t=translation: t.run(label, threads)))
+        steps.append(
+            call_step(
+                f"# score: {out / 'test.hyp'} against the test references: BLEU and chrF (evaluation.score)",
+                lambda select=select, t=translation: rows.append(_result_row(model, select, t, references())),
+            )
+        )
+    return steps
+
+
+def _result_row(model, select, translation, references):
+    """The scores of a model's test translations, with how it trained."""
+    save_dir = Path(translation.checkpoint).parent
+    hypotheses = read_lines(translation.out_dir / "test.hyp")
     scores = score(
         hypotheses,
         references.tok,
@@ -250,13 +290,14 @@ def train_and_evaluate(
         retokenize=references.retokenize,
     )
     shown = [f"tokenized BLEU {scores['bleu_tok']:.2f}"] if references.tokenized_bleu else []
-    log(f"{label}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
+    log(f"{model.shown}: " + ", ".join(shown + [f"BLEU {scores['bleu']:.2f}", f"chrF {scores['chrf']:.2f}"]))
     return {
         "model": model.normalizer,
         "seed": model.seed,
         "selection": select,
-        "checkpoint": str(checkpoint),
-        "hypotheses": str(eval_dir / "test.hyp"),
+        "checkpoint": str(translation.checkpoint),
+        "hypotheses": str(translation.out_dir / "test.hyp"),
         **scores,
-        "train_seconds": seconds,
+        "train_seconds": read_done(save_dir / "train.done")["seconds"],
+        **training_summary(save_dir / "train.log"),
     }

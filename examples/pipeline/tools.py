@@ -3,8 +3,10 @@ the errors and log lines a script reports. A problem the user can fix raises Pip
 whose message says what is wrong and what to do; a failing tool raises ToolError with the end
 of its log. `run_reporting_errors` turns them into a message and an exit status."""
 
+import contextlib
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +24,39 @@ def bin_dir():
         else the folder of this Python, a Path.
     """
     return Path(os.environ.get("FAIRSEQ_ENTMAX_BIN") or Path(sys.executable).parent)
+
+
+# The file the commands run are appended to, while a program records them (recording_commands).
+_commands_log = None
+
+
+@contextlib.contextmanager
+def recording_commands(path):
+    """Within the block, append every command run_logged runs, and each record_command line,
+    to a file, after a line "# run of <date and time>".
+
+    Args:
+        path: the file (its folder is made if missing).
+    """
+    global _commands_log
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    previous, _commands_log = _commands_log, Path(path)
+    record_command(f"# run of {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    try:
+        yield
+    finally:
+        _commands_log = previous
+
+
+def record_command(line):
+    """Append a line to the commands log, when one is recording (recording_commands).
+
+    Args:
+        line: the line.
+    """
+    if _commands_log is not None:
+        with open(_commands_log, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
 
 
 class PipelineError(Exception):
@@ -152,6 +187,7 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
             the command and holds the last lines of its output.
     """
     args = [str(a) for a in args]
+    record_command(shlex.join(args))
     log_file = None
     if log_path is not None:
         log_path = Path(log_path)

@@ -288,7 +288,7 @@ def _checkpoint_args(s, save_dir):
     return args
 
 
-def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=None):
+def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=None, cpu=None):
     """fairseq-train one normalizer; resumes from checkpoint_last.pt, skips a finished run.
 
     Args:
@@ -299,6 +299,7 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
         seed: the training seed.
         label: the model's name in progress lines (default: `normalizer`).
         threads: OMP/MKL threads of fairseq-train (None: torch's choice).
+        cpu: whether to pass --cpu (None: when no CUDA device is visible).
 
     Returns:
         The training wall time in seconds, summed over resumed runs.
@@ -324,7 +325,7 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
         log(f"{label}: resuming from {save_dir / 'checkpoint_last.pt'}")
     else:
         log(f"{label}: training ({training_length(settings)})")
-    args = train_command(data_bin, save_dir, normalizer, settings, seed, cpu=use_cpu())
+    args = train_command(data_bin, save_dir, normalizer, settings, seed, cpu=use_cpu() if cpu is None else cpu)
     env = threads_env(threads)
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()

@@ -32,12 +32,21 @@ from pathlib import Path
 
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
+from examples.pipeline.dataset import dataset_steps
+from examples.pipeline.evaluation import Decoding, Model, References, model_steps
 from examples.pipeline.markers import is_done, mark_done
+from examples.pipeline.runner import run_steps
 from examples.pipeline.tables import format_seconds, format_table
-from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors, threads_env, use_cpu
-from examples.pipeline.training import TrainSettings, model_size_args, train_command, training_summary
+from examples.pipeline.tools import (
+    PipelineError,
+    log,
+    recording_commands,
+    run_logged,
+    run_reporting_errors,
+    threads_env,
+    use_cpu,
+)
+from examples.pipeline.training import TrainSettings, model_size_args, train_command
 from examples.quickstart.toy_language import write_toy_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -534,12 +543,38 @@ def run(args):
     work.mkdir(parents=True, exist_ok=True)
     if sized:
         size.setdefault("bpe_merges", own_corpus_bpe_merges(counts["train"]))
+    with recording_commands(work / "commands.log"):
+        rows, analysis = train_and_compare(args, work, size, patience, (raw_dir, src, tgt, files, counts))
+    write_results(args, work, rows, (raw_dir, src, tgt, counts), size["max_update"], patience)
+    if analysis is not None:
+        print(f"Figures and CSV tables: {work / 'analysis'}")
+    print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
 
+
+def train_and_compare(args, work, size, patience, corpus):
+    """The stages after the corpus: the dataset, (on a user's corpus) the timing and the plan,
+    each model trained, translating the test set and scored, then the attention analysis.
+
+    Args:
+        args: the command line.
+        work: the work folder.
+        size: the run's sizes (run_size); a user's corpus gets max_update and warmup here.
+        patience: the patience of the models (0: none).
+        corpus: (raw_dir, src, tgt, {split: files}, {split: lines}), prepare_corpus's.
+
+    Returns:
+        (the result rows, the analysis or None).
+    """
+    raw_dir, src, tgt, files, counts = corpus
+    own_corpus, sized, cpu = args.data is not None, args.data is not None and not args.tiny, use_cpu()
     # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
     # fairseq-preprocess.
-    text_dir, data_bin = build_dataset(raw_dir, src, tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None)
+    steps, text_dir, data_bin = dataset_steps(
+        raw_dir, src, tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None
+    )
+    run_steps(steps)
     if sized:
-        training_tokens = count_training_tokens(work / "bpe", src, tgt)  # build_dataset's BPE folder
+        training_tokens = count_training_tokens(work / "bpe", src, tgt)  # dataset_steps' BPE folder
         size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
     settings = train_settings(args, size, patience)
@@ -552,40 +587,29 @@ def run(args):
     # 3. Training, one model per normalizer, all with the same size and budget, then
     # translation of the test set and scoring: a user's corpus with the best checkpoint, the
     # toy pair with the last.
-    references = References(
-        read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
-    )
-    rows = []
+    def references():
+        return References(
+            read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
+        )
+
+    rows, decoding, select = [], Decoding(max_len=(1.5, 10)), "best" if own_corpus else "last"
     for i, normalizer in enumerate(args.models, 1):
         model = Model(normalizer, 1, label=f"{normalizer} [{i}/{len(args.models)}]", threads=args.threads)
-        row = train_and_evaluate(
-            data_bin,
-            work,
-            model,
-            settings,
-            references,
-            Decoding(max_len=(1.5, 10)),
-            select="best" if own_corpus else "last",
-        )
-        if own_corpus:
-            row.update(training_summary(work / "models" / model.name / "train.log"))
+        run_steps(model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=cpu))
+        row = rows[-1]
         if sized and row["updates"]:
             log(
                 f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
                 f"{row['train_seconds'] / row['updates']:.2f} s per update with validation and checkpoints "
                 f"(timed first updates: {rates[normalizer]:.2f})"
             )
-        rows.append(row)
     checkpoints = {row["model"]: row["checkpoint"] for row in rows}
 
     # 4. Attention analysis: density and learned alphas for the table, figures on disk.
     analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log", threads=args.threads)
     for row in rows:
         row.update((analysis or {}).get(row["model"], {}))
-    write_results(args, work, rows, (raw_dir, src, tgt, counts), size["max_update"], patience)
-    if analysis is not None:
-        print(f"Figures and CSV tables: {work / 'analysis'}")
-    print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
+    return rows, analysis
 
 
 def write_results(args, work, rows, corpus, max_update, patience):

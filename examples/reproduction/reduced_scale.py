@@ -29,13 +29,14 @@ from scipy.stats import t as student_t
 
 from examples.pipeline.attention_analysis import analyze
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import build_dataset
-from examples.pipeline.evaluation import Decoding, Model, References, train_and_evaluate
+from examples.pipeline.dataset import dataset_steps
+from examples.pipeline.evaluation import Decoding, Model, References, model_steps
 from examples.pipeline.markers import done_with, mark_done
+from examples.pipeline.runner import run_steps
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
-from examples.pipeline.tools import log, run_reporting_errors
-from examples.pipeline.training import TrainSettings, model_size_args, training_summary
+from examples.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
+from examples.pipeline.training import TrainSettings, model_size_args
 from examples.reproduction import multi30k
 from fairseq_entmax.names import NORMALIZER_NAMES
 
@@ -292,35 +293,33 @@ def run(args):
     counts = check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in SPLITS})
     log(f"{args.data.name} ({args.budget} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
 
-    text_dir, data_bin = build_dataset(raw_dir, SRC, TGT, work, budget["bpe_merges"])
+    steps, text_dir, data_bin = dataset_steps(raw_dir, SRC, TGT, work, budget["bpe_merges"])
     settings = budget_settings(budget)
-    references_tok = read_lines(text_dir / f"test.{TGT}")
-    references_raw = read_lines(raw_dir / f"test.{TGT}")
-    runs = planned_runs(args.models, args.seeds)
-    rows = []
-    for i, (normalizer, seed) in enumerate(runs, 1):
-        row = train_and_evaluate(
-            data_bin,
-            work,
-            Model(normalizer, seed, label=f"{normalizer} seed {seed} [{i}/{len(runs)}]", threads=args.threads),
-            settings,
-            References(references_tok, references_raw, TGT, retokenize=budget["retokenize"]),
-            Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"]),
-            select=budget["select"],
-        )
-        row.update(training_summary(Path(row["checkpoint"]).parent / "train.log"))
-        rows.append(row)
 
-    names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
-    analysis = analyze(
-        data_bin,
-        {name: r["checkpoint"] for name, r in names.items()},
-        "valid",
-        work / "analysis",
-        work / "analysis.log",
-        num_sentences=budget["analysis_sentences"],
-        threads=args.threads,
-    )
+    def references():
+        tok, raw = read_lines(text_dir / f"test.{TGT}"), read_lines(raw_dir / f"test.{TGT}")
+        return References(tok, raw, TGT, retokenize=budget["retokenize"])
+
+    runs, rows = planned_runs(args.models, args.seeds), []
+    decoding = Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"])
+    for i, (normalizer, seed) in enumerate(runs, 1):
+        model = Model(normalizer, seed, label=f"{normalizer} seed {seed} [{i}/{len(runs)}]", threads=args.threads)
+        steps += model_steps(
+            data_bin, work, model, settings, references, rows, decoding, (budget["select"],), cpu=use_cpu()
+        )
+    with recording_commands(work / "commands.log"):
+        run_steps(steps)
+        names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
+        analysis = analyze(
+            data_bin,
+            {name: r["checkpoint"] for name, r in names.items()},
+            "valid",
+            work / "analysis",
+            work / "analysis.log",
+            num_sentences=budget["analysis_sentences"],
+            threads=args.threads,
+        )
+    references_raw = references().raw
     for name, row in names.items():
         row.update((analysis or {}).get(name, {}))
 
@@ -369,7 +368,7 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
     normalizer against softmax of the same seed, on the detokenised test translations.
 
     Args:
-        rows: the result rows (train_and_evaluate's), with their hypotheses files.
+        rows: the result rows (evaluation.model_steps'), with their hypotheses files.
         work: the work folder.
         references_raw: the test references as the corpus has them.
         n_samples: the bootstrap samples.

@@ -34,21 +34,19 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
 from examples.pipeline.attention_analysis import analyze, analyze_command
-from examples.pipeline.bpe import apply_bpe_command, learn_bpe_command
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import build_dataset, preprocess_command
+from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Model
 from examples.pipeline.markers import done_with, mark_done
+from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds
-from examples.pipeline.tools import PipelineError, log, run_reporting_errors
+from examples.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 from examples.translation.corpora import download
-from examples.translation.selection import Step, command_step
 from examples.translation.tasks import SMOKE_BPE_MERGES, TASKS, batch_shape, experiment_of, tokenized_bleu_note
 from fairseq_entmax.names import NORMALIZER_NAMES
 
@@ -209,14 +207,17 @@ def devices(args):
     Raises:
         PipelineError: no CUDA device, for a full run without --cpu.
     """
-    if args.dry_run:
-        return args.num_gpus or 1, args.cpu
     import torch
 
-    gpus = torch.cuda.device_count()
+    # --num-gpus (a dry run's option) plans for that many; otherwise the dry run plans what the
+    # run would do on this machine.
+    gpus = args.num_gpus or torch.cuda.device_count()
     if args.smoke or args.data_only:
         return max(gpus, 1), gpus == 0
     if gpus == 0 and not args.cpu:
+        if args.dry_run:
+            # Here the run itself would stop: show the commands of the machine it is made for.
+            return 1, False
         raise PipelineError(
             f"no CUDA device found: the full recipe {experiment_of(TASKS[args.task]).training_note}, weeks "
             "on a CPU. Run it on a machine with a GPU, use --smoke for a CPU-sized check of every stage, "
@@ -342,124 +343,93 @@ def prepare_steps(args, plan):
         plan: the Plan.
 
     Yields:
-        Steps; the last one prepares the corpus and counts it (plan.counts).
+        Steps; the last one prepares the corpus (skipped when prepared from the same data),
+        checks it and counts it (plan.counts).
     """
     task, layout = plan.task, plan.layout
+    marker = layout.raw / "prepare.done"
+    # A corpus prepared from other data is refused, not reused.
+    prepared_from = (
+        {"smoke": str(Path(args.shared_data).resolve()), "pair": [plan.src, plan.tgt]}
+        if args.smoke
+        else {"downloads": task.name, "pair": [plan.src, plan.tgt]}
+    )
+
+    def prepared():
+        return done_with(marker, prepared_from, "the prepared corpus")
 
     def prepare():
-        plan.counts = prepare_corpus(args, plan)
+        # --raw-dir's text is used as it is.
+        if not args.raw_dir and not prepared():
+            log(f"prepare: {task.smoke.note}" if args.smoke else "prepare: extracting plain text")
+            layout.raw.mkdir(parents=True, exist_ok=True)
+            if args.smoke:
+                task.smoke.write(task, args.shared_data, plan.src, plan.tgt, layout.raw)
+            else:
+                task.prepare(layout.work / "downloads", layout.raw, plan.src, plan.tgt)
+            _check_corpus(plan)
+            mark_done(marker, settings=prepared_from)
+        plan.counts = _check_corpus(plan)
+        log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in plan.counts.items()))
 
     if args.smoke:
-        yield Step(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.{task.smoke.write.__name__})", prepare)
+        yield call_step(f"# prepare: {task.smoke.note} -> {layout.raw} (corpora.{task.smoke.write.__name__})", prepare)
     elif args.raw_dir:
-        yield Step(f"# prepare: plain text from {args.raw_dir}", prepare)
+        yield call_step(f"# prepare: plain text from {args.raw_dir}", prepare)
     else:
         for url, name in task.downloads:
-            yield Step(f"# prepare: download {url} -> {layout.work / 'downloads' / name} (corpora.download)")
-        yield Step(f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})", prepare)
+            path = layout.work / "downloads" / name
+            yield call_step(
+                f"# prepare: download {url} -> {path} (corpora.download)",
+                lambda url=url, path=path: download(url, path),
+                skip=prepared,
+            )
+        yield call_step(
+            f"# prepare: extract line-aligned text into {layout.raw} (corpora.{task.prepare.__name__})", prepare
+        )
 
 
-def prepare_corpus(args, plan):
-    """Prepare the plain text (skipped when prepared from the same data) and check it.
+def _check_corpus(plan):
+    """The prepared corpus's {split: pairs}.
+
+    Raises:
+        PipelineError: the corpus is not line-aligned, or the untokenised test references of a
+            tokenised corpus are missing.
+    """
+    raw, src, tgt = plan.layout.raw, plan.src, plan.tgt
+    counts = check_parallel_corpus({s: (raw / f"{s}.{src}", raw / f"{s}.{tgt}") for s in SPLITS})
+    if not Path(plan.layout.references_raw).is_file():
+        # A tokenised corpus (KFTT's, IWSLT14's) comes with its untokenised test references.
+        raise PipelineError(
+            f"{plan.layout.references_raw} not found: {plan.task.name}'s text is tokenised, and sacreBLEU needs the "
+            f"untokenised test references beside it (test.orig.{src}, test.orig.{tgt})"
+        )
+    return counts
+
+
+def dataset_steps_of(args, plan):
+    """The tokenize, bpe and binarize stages (dataset.dataset_steps).
 
     Args:
         args: the command line.
         plan: the Plan.
 
     Returns:
-        {split: pairs}.
-
-    Raises:
-        PipelineError: the corpus is not line-aligned, or the untokenised test references of a
-            tokenised corpus are missing.
+        The Steps, a list.
     """
-    task, layout, src, tgt = plan.task, plan.layout, plan.src, plan.tgt
-    raw_dir = layout.raw
-    # A corpus prepared from other data is refused, not reused.
-    prepared_from = (
-        {"smoke": str(Path(args.shared_data).resolve()), "pair": [src, tgt]}
-        if args.smoke
-        else {"downloads": task.name, "pair": [src, tgt]}
+    layout, experiment = plan.layout, plan.experiment
+    steps, _, _ = dataset_steps(
+        layout.raw,
+        plan.src,
+        plan.tgt,
+        layout.work,
+        SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges,
+        tokenize=layout.tokenize,
+        clean=(experiment.clean[0], plan.task.clean_max_ratio) if experiment.clean else None,
+        workers=args.workers,
+        joined_dictionary=experiment.joined_dictionary,
     )
-    if not args.raw_dir and not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
-        if args.smoke:
-            log(f"prepare: {task.smoke.note}")
-            task.smoke.write(task, args.shared_data, src, tgt, raw_dir)
-        else:
-            downloads = layout.work / "downloads"
-            for url, name in task.downloads:
-                download(url, downloads / name)
-            log("prepare: extracting plain text")
-            raw_dir.mkdir(parents=True, exist_ok=True)
-            task.prepare(downloads, raw_dir, src, tgt)
-        check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
-        mark_done(raw_dir / "prepare.done", settings=prepared_from)
-    counts = check_parallel_corpus({s: (raw_dir / f"{s}.{src}", raw_dir / f"{s}.{tgt}") for s in SPLITS})
-    if not Path(layout.references_raw).is_file():
-        # A tokenised corpus (KFTT's, IWSLT14's) comes with its untokenised test references.
-        raise PipelineError(
-            f"{layout.references_raw} not found: {task.name}'s text is tokenised, and sacreBLEU needs the "
-            f"untokenised test references beside it (test.orig.{src}, test.orig.{tgt})"
-        )
-    log("corpus: " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
-    return counts
-
-
-def dataset_steps(args, plan):
-    """The tokenize, bpe and binarize stages, which build_dataset does together.
-
-    Args:
-        args: the command line.
-        plan: the Plan.
-
-    Yields:
-        Steps; the last one (fairseq-preprocess) runs build_dataset.
-    """
-    layout, experiment, src, tgt = plan.layout, plan.experiment, plan.src, plan.tgt
-    bpe_merges = SMOKE_BPE_MERGES if args.smoke else experiment.bpe_merges
-    clean = (experiment.clean[0], plan.task.clean_max_ratio) if experiment.clean else None
-    if layout.tokenize:
-        yield Step(
-            f"# tokenize: Moses (sacremoses, -a, no escaping) {layout.raw}/{{train,valid,test}}.{{{src},{tgt}}}"
-            f" -> {layout.text} (tokenization.tokenize_file)"
-        )
-    joint = layout.bpe / "codes.joint-train.txt"
-    yield Step(
-        f"cat {shlex.quote(str(layout.text / f'train.{src}'))} {shlex.quote(str(layout.text / f'train.{tgt}'))}"
-        f" > {shlex.quote(str(joint))}"
-    )
-    yield command_step(learn_bpe_command(joint, bpe_merges, layout.bpe / "codes"))
-    for split in SPLITS:
-        for lang in (src, tgt):
-            yield command_step(
-                apply_bpe_command(
-                    layout.bpe / "codes", layout.text / f"{split}.{lang}", layout.bpe / f"{split}.{lang}", args.workers
-                )
-            )
-    if clean:
-        max_len, ratio = clean
-        yield Step(
-            f"# bpe: drop training pairs that are empty, > {max_len} tokens"
-            + (f" or of length ratio > {ratio}" if ratio else "")
-            + " (bpe.clean_training_pair)"
-        )
-
-    def build():
-        build_dataset(
-            layout.raw,
-            src,
-            tgt,
-            layout.work,
-            bpe_merges,
-            tokenize=layout.tokenize,
-            clean=clean,
-            workers=args.workers,
-            joined_dictionary=experiment.joined_dictionary,
-        )
-
-    yield command_step(
-        preprocess_command(layout.bpe, src, tgt, layout.data_bin, args.workers, experiment.joined_dictionary), build
-    )
+    return steps
 
 
 def analysis_step(args, plan):
@@ -508,7 +478,7 @@ def walk(args, plan):
         Steps.
     """
     yield from prepare_steps(args, plan)
-    yield from dataset_steps(args, plan)
+    yield from dataset_steps_of(args, plan)
     if args.data_only:
         return
     models = [(seed, normalizer) for seed in args.seed for normalizer in args.models]
@@ -519,48 +489,30 @@ def walk(args, plan):
         yield analysis_step(args, plan)
 
 
-def dry_run(args, plan):
-    """Print every command of the recipe, in order, as a shell would run them. Stages done in
-    Python (downloading, extracting, tokenising, cleaning, averaging, selecting, scoring) are
-    comment lines naming the function that does them.
-
-    Args:
-        args: the command line.
-        plan: the Plan.
-    """
-    settings, num_gpus = plan.settings, plan.num_gpus
-    tokens = settings.max_tokens * settings.update_freq * num_gpus
-    lines = [
-        f"# {plan.task.title}, {args.src}->{args.tgt}{' (smoke mode)' if args.smoke else ''}: {num_gpus} GPU(s), "
-        f"{tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
-        f"{settings.update_freq} x {num_gpus} GPU(s)); work dir {plan.layout.work}"
-    ]
-    lines += [step.line for step in walk(args, plan)]
-    print("\n".join(lines))
-
-
 def run(args):
-    """Every stage (or, with --dry-run, their commands), then the table, printed and written to
-    the work dir.
+    """Every stage (or, with --dry-run, their lines), then the table, printed and written to
+    the work dir. What ran is appended to the work dir's commands.log.
 
     Args:
         args: the command line, as parse_args returns it.
     """
     num_gpus, cpu = devices(args)
     plan = Plan(args, experiment_settings(args, num_gpus, cpu=cpu), num_gpus, cpu)
-    if args.dry_run:
-        dry_run(args, plan)
-        return
-    task, settings, src, tgt = plan.task, plan.settings, args.src, args.tgt
-    started = time.time()
-    log(
-        f"{task.title}, {src}->{tgt}{' (smoke mode)' if args.smoke else ''}; work dir {plan.layout.work}; "
+    task, settings = plan.task, plan.settings
+    tokens = settings.max_tokens * settings.update_freq * num_gpus
+    header = (
+        f"# {task.title}, {args.src}->{args.tgt}{' (smoke mode)' if args.smoke else ''}: "
         + ("CPU" if cpu else f"{num_gpus} GPU(s)")
-        + f", {settings.max_tokens * settings.update_freq * num_gpus} tokens per update"
+        + f", {tokens} tokens per update (--max-tokens {settings.max_tokens} x --update-freq "
+        f"{settings.update_freq} x {num_gpus} device(s)); work dir {plan.layout.work}"
     )
-    for step in walk(args, plan):
-        if step.action:
-            step.action()
+    if args.dry_run:
+        dry_run(walk(args, plan), header)
+        return
+    started = time.time()
+    log(header[2:])
+    with recording_commands(plan.layout.work / "commands.log"):
+        run_steps(walk(args, plan))
     if args.data_only:
         log(f"data-bin ready: {plan.layout.data_bin}; the same command without --data-only trains from it")
         return

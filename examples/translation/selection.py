@@ -1,6 +1,6 @@
-"""How a recipe's Experiment selects, translates and scores each model, as steps of the recipe's
-walk (Step): BestCheckpoint, Correia et al.'s checkpoint_best.pt (and, on request, an average of
-the last checkpoints); EpochAverages, Zhao et al.'s IWSLT14 de-en selection: each model's last 10
+"""How a recipe's Experiment selects, translates and scores each model, as runner Steps:
+BestCheckpoint, Correia et al.'s checkpoint_best.pt (and, on request, an average of the last
+checkpoints); EpochAverages, Zhao et al.'s IWSLT14 de-en selection: each model's last 10
 epoch checkpoints averaged, ending at several epochs (50, 55, ..., 90), each average translating
 the validation set; the average with the best validation BLEU translates the test set. Its BLEU
 is fairseq-generate's on the lowercased tokenised text, what the authors' script reads; sacreBLEU
@@ -10,13 +10,14 @@ and chrF, case-insensitive, on the detokenised text come besides.
 import dataclasses
 import os
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from examples.pipeline.checkpoints import average_checkpoints
 from examples.pipeline.corpus import read_lines
-from examples.pipeline.evaluation import DEFAULT_DECODING, References, generate, generate_command, train_and_evaluate
+from examples.pipeline.evaluation import References, Translation, model_steps
+from examples.pipeline.markers import read_done
+from examples.pipeline.runner import call_step, command_step
 from examples.pipeline.tables import format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import PipelineError, ToolError, log
@@ -61,6 +62,7 @@ def epoch_average(save_dir, n, end, label):
         return out
     paths = [save_dir / f"checkpoint{epoch}.pt" for epoch in range(end - n + 1, end + 1)]
     if not all(path.exists() for path in paths):
+        log(f"{label}: no checkpoints of all epochs {end - n + 1}-{end}: no average ending at epoch {end}")
         return None
     log(f"{label}: averaging the checkpoints of epochs {end - n + 1}-{end}")
     # Written under another name first: an interrupted average is not taken for a finished one.
@@ -139,48 +141,29 @@ def _select(save_dir, chosen):
     return link
 
 
-def train_and_select(data_bin, work, model, settings, average, references_raw, tgt, decoding=DEFAULT_DECODING):
-    """Train one normalizer with one seed (skipped when trained), average its epoch checkpoints
-    at each end epoch, translate the validation set with each average, and the test set with
-    the one of the best validation BLEU (the later epoch on a tie).
+def select_average(save_dir, n, translations, label):
+    """Select the average of the best validation BLEU (the later epoch on a tie), linked as
+    SELECTED in the model's folder.
 
     Args:
-        data_bin: the data-bin.
-        work: the work folder (models/ and eval/ go there).
-        model: the Model (evaluation.Model).
-        settings: the TrainSettings (epoch checkpoints, keep_last_epochs covering the averages).
-        average: (n, end epochs): how many epoch checkpoints each average takes, and their last
-            epochs.
-        references_raw: the test references as the corpus has them (sacreBLEU).
-        tgt: the target language.
-        decoding: the Decoding (evaluation.Decoding).
+        save_dir: the model's --save-dir.
+        n: how many epoch checkpoints each average takes.
+        translations: {end epoch: the Translation of the validation set by that average}; those
+            whose average could not be made (an epoch checkpoint missing) are passed over.
+        label: the model's name in progress lines.
 
     Returns:
-        A result row: model, seed, selection ("average"), end_epoch (the selected average's
-        last epoch), valid_bleu ({end epoch: fairseq BLEU}), checkpoint, hypotheses (their
-        file), bleu_tok (fairseq's BLEU on the test set) and its signature, the scores of
-        score_lowercased and train_seconds.
+        (the chosen end epoch, {end epoch: fairseq's validation BLEU}).
 
     Raises:
         PipelineError: no end epoch has all its checkpoints (training stopped too early).
     """
-    name, label = model.name, model.shown
-    save_dir = Path(work) / "models" / name
-    seconds = train(data_bin, save_dir, model.normalizer, settings, seed=model.seed, label=label)
-    n, ends = average
-    valid_bleu, averages = {}, {}
-    for end in ends:
-        checkpoint = epoch_average(save_dir, n, end, label)
-        if checkpoint is None:
-            log(f"{label}: no checkpoints of all epochs {end - n + 1}-{end}: no average ending at epoch {end}")
-            continue
-        out = Path(work) / "eval" / f"{name}-avg{n}-ep{end}"
-        generate(data_bin, checkpoint, "valid", out, decoding, label=label)
-        valid_bleu[end], averages[end] = fairseq_bleu(out, "valid"), checkpoint
+    valid_bleu = {end: fairseq_bleu(t.out_dir, "valid") for end, t in translations.items() if t.checkpoint.exists()}
     if not valid_bleu:
         raise PipelineError(
             f"{label}: {save_dir} has no {n} consecutive epoch checkpoints ending at any of epochs "
-            f"{', '.join(map(str, ends))}: did training stop early (--max-update)? Delete the folder and train again."
+            f"{', '.join(map(str, translations))}: did training stop early (--max-update)? "
+            "Delete the folder and train again."
         )
     chosen = max(valid_bleu, key=lambda end: (valid_bleu[end], end))
     log(
@@ -188,56 +171,8 @@ def train_and_select(data_bin, work, model, settings, average, references_raw, t
         + ", ".join(f"ep{end} {bleu:.2f}" for end, bleu in valid_bleu.items())
         + f"; selected the average ending at epoch {chosen}"
     )
-    selected = _select(save_dir, averages[chosen])
-    out = Path(work) / "eval" / f"{name}-selected"
-    hypotheses = generate(data_bin, selected, "test", out, decoding, label=label)
-    scores = score_lowercased(hypotheses, references_raw, tgt)
-    scores["bleu_tok"] = fairseq_bleu(out, "test")
-    scores["bleu_tok_signature"] = FAIRSEQ_BLEU_SIGNATURE
-    log(f"{label}: test BLEU {scores['bleu_tok']:.2f} (fairseq), sacreBLEU {scores['bleu']:.2f}")
-    return {
-        "model": model.normalizer,
-        "seed": model.seed,
-        "selection": "average",
-        "end_epoch": chosen,
-        "valid_bleu": valid_bleu,
-        "checkpoint": str(selected),
-        "hypotheses": str(out / "test.hyp"),
-        **scores,
-        "train_seconds": seconds,
-    }
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a recipe's walk: the dry run prints its line, the run calls its action.
-
-    Attributes:
-        line: a shell command, or a comment line naming the function that does the step.
-        action: what the run calls, without arguments; None where a later step of the same
-            stage does this one too, in one library call (build_dataset, train_and_evaluate).
-    """
-
-    line: str
-    action: object = None
-
-
-def command_step(command, action=None):
-    """A Step whose line is a command, quoted as a shell would take it.
-
-    Args:
-        command: the command, a list of str.
-        action: the Step's action.
-
-    Returns:
-        A Step.
-    """
-    return Step(shlex.join(command), action)
-
-
-def _generate_command(plan, checkpoint, subset, out_dir):
-    d = plan.decoding
-    return generate_command(plan.layout.data_bin, checkpoint, subset, out_dir, d.beam, d.lenpen, d.max_len, plan.cpu)
+    _select(save_dir, translations[chosen].checkpoint)
+    return chosen, valid_bleu
 
 
 def _display_rows(rows, seeds):
@@ -287,46 +222,27 @@ class BestCheckpoint:
             plan: the recipe's Plan.
             model: the Model (evaluation.Model).
 
-        Yields:
-            Steps; the action of each score step appends a result row to plan.rows.
+        Returns:
+            evaluation.model_steps' Steps; each score step appends a result row to plan.rows.
         """
-        layout, work = plan.layout, plan.layout.work
-        save_dir = layout.save_dir(model.normalizer, model.seed)
-        yield command_step(
-            train_command(layout.data_bin, save_dir, model.normalizer, plan.settings, model.seed, plan.cpu)
+        layout = plan.layout
+
+        def references():
+            return References(*plan.references(), plan.tgt, retokenize=layout.tokenize)
+
+        selections = ("best",) + (("average",) if plan.average_last else ())
+        return model_steps(
+            layout.data_bin,
+            layout.work,
+            model,
+            plan.settings,
+            references,
+            plan.rows,
+            plan.decoding,
+            selections,
+            average_last=plan.average_last,
+            cpu=plan.cpu,
         )
-        for select in ("best",) + (("average",) if plan.average_last else ()):
-            if select == "average":
-                checkpoint = save_dir / f"checkpoint_avg{plan.average_last}.pt"
-                yield Step(
-                    f"# average: the parameters of the last {plan.average_last} checkpoints of {save_dir} "
-                    f"-> {checkpoint} (checkpoints.average_checkpoints)"
-                )
-            else:
-                checkpoint = self.analyzed_checkpoint(save_dir)
-            out = work / "eval" / f"{model.name}-{select}"
-            yield command_step(_generate_command(plan, checkpoint, "test", out))
-
-            def evaluate(select=select):
-                references = References(*plan.references(), plan.tgt, retokenize=layout.tokenize)
-                plan.rows.append(
-                    train_and_evaluate(
-                        layout.data_bin,
-                        work,
-                        model,
-                        plan.settings,
-                        references,
-                        plan.decoding,
-                        select=select,
-                        average_last=plan.average_last,
-                    )
-                )
-
-            yield Step(
-                f"# score: {out / 'test.hyp'} against {layout.references_raw}: tokenized BLEU "
-                f"({plan.tokenized_bleu_note}), sacreBLEU and chrF (evaluation.score)",
-                evaluate,
-            )
 
     def report(self, plan, rows):
         """The results' tables.
@@ -353,10 +269,30 @@ class BestCheckpoint:
         return lines, plan.tokenized_bleu_note
 
 
+def _selected_row(model, test, chosen, plan):
+    """The result row of a model's selected average (EpochAverages)."""
+    _, references_raw = plan.references()
+    scores = score_lowercased(read_lines(test.out_dir / "test.hyp"), references_raw, plan.tgt)
+    scores["bleu_tok"] = fairseq_bleu(test.out_dir, "test")
+    scores["bleu_tok_signature"] = FAIRSEQ_BLEU_SIGNATURE
+    log(f"{model.shown}: test BLEU {scores['bleu_tok']:.2f} (fairseq), sacreBLEU {scores['bleu']:.2f}")
+    save_dir = test.checkpoint.parent
+    return {
+        "model": model.normalizer,
+        "seed": model.seed,
+        "selection": "average",
+        **chosen,
+        "checkpoint": str(test.checkpoint),
+        "hypotheses": str(test.out_dir / "test.hyp"),
+        **scores,
+        "train_seconds": read_done(save_dir / "train.done")["seconds"],
+    }
+
+
 @dataclass(frozen=True)
 class EpochAverages:
     """Zhao et al.'s selection: averages of the last n epoch checkpoints ending at several
-    epochs translate the validation set, the best of them the test set (train_and_select).
+    epochs translate the validation set, the best of them the test set (select_average).
 
     Attributes:
         average: (n, end epochs) of a full run.
@@ -405,40 +341,45 @@ class EpochAverages:
             model: the Model (evaluation.Model).
 
         Yields:
-            Steps; the action of the score step appends the result row to plan.rows.
+            Steps; the score step appends the result row to plan.rows.
         """
-        layout, work, d = plan.layout, plan.layout.work, plan.decoding
+        layout, work, label, cpu = plan.layout, plan.layout.work, model.shown, plan.cpu
+        data_bin, settings = layout.data_bin, plan.settings
         save_dir = layout.save_dir(model.normalizer, model.seed)
+        training = train_command(data_bin, save_dir, model.normalizer, settings, model.seed, cpu)
         yield command_step(
-            train_command(layout.data_bin, save_dir, model.normalizer, plan.settings, model.seed, plan.cpu)
+            training, lambda: train(data_bin, save_dir, model.normalizer, settings, model.seed, label, cpu=cpu)
         )
         n, ends = self.averages(plan)
+        valid = {}
         for end in ends:
             checkpoint = save_dir / average_name(n, end)
-            yield Step(
-                f"# average: {save_dir}/checkpoint{{{end - n + 1}..{end}}}.pt -> {checkpoint} (selection.epoch_average)"
+            yield call_step(
+                f"# average: {save_dir}/checkpoint{{{end - n + 1}..{end}}}.pt -> {checkpoint} "
+                "(selection.epoch_average)",
+                lambda end=end: epoch_average(save_dir, n, end, label),
             )
-            out = work / "eval" / f"{model.name}-avg{n}-ep{end}"
-            yield command_step(_generate_command(plan, checkpoint, "valid", out))
-        yield Step(
+            valid[end] = Translation(
+                data_bin, checkpoint, "valid", work / "eval" / f"{model.name}-avg{n}-ep{end}", plan.decoding, cpu
+            )
+            # An average that could not be made (an epoch checkpoint missing) translates nothing.
+            yield command_step(
+                valid[end].command, lambda t=valid[end]: t.run(label), skip=lambda c=checkpoint: not c.exists()
+            )
+        chosen = {}
+        yield call_step(
             f"# select: the average of the best validation BLEU (fairseq's BLEU4 in generate-valid.txt) -> "
-            f"{save_dir / SELECTED}, a link to it (selection.train_and_select)"
+            f"{save_dir / SELECTED}, a link to it (selection.select_average)",
+            lambda: chosen.update(zip(("end_epoch", "valid_bleu"), select_average(save_dir, n, valid, label))),
         )
-        out = work / "eval" / f"{model.name}-selected"
-        yield command_step(_generate_command(plan, save_dir / SELECTED, "test", out))
-
-        def select():
-            _, references_raw = plan.references()
-            plan.rows.append(
-                train_and_select(
-                    layout.data_bin, work, model, plan.settings, self.averages(plan), references_raw, plan.tgt, d
-                )
-            )
-
-        yield Step(
-            f"# score: fairseq's BLEU4 of {out / 'generate-test.txt'}; sacreBLEU and chrF (lowercase) of "
-            f"{out / 'test.hyp'} against {layout.references_raw} (selection.score_lowercased)",
-            select,
+        test = Translation(
+            data_bin, save_dir / SELECTED, "test", work / "eval" / f"{model.name}-selected", plan.decoding, cpu
+        )
+        yield command_step(test.command, lambda: test.run(label))
+        yield call_step(
+            f"# score: fairseq's BLEU4 of {test.out_dir / 'generate-test.txt'}; sacreBLEU and chrF (lowercase) of "
+            f"{test.out_dir / 'test.hyp'} against {layout.references_raw} (selection.score_lowercased)",
+            lambda: plan.rows.append(_selected_row(model, test, chosen, plan)),
         )
 
     def report(self, plan, rows):
