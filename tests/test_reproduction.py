@@ -41,29 +41,36 @@ needs_shared_data = pytest.mark.requires(
 )
 
 
+# Two normalizers, two seeds, 8 updates each, on the IWSLT16 sample.
+TINY_OPTIONS = ("--budget", "tiny", "--models", "softmax", "topk", "--seeds", "1", "2", "--max-update", "8")
+
+
 @pytest.fixture(scope="module")
 def tiny_reproduction(tmp_path_factory):
     work = tmp_path_factory.mktemp("reproduction") / "work"
-    command = [
-        *SCRIPT,
-        "--budget",
-        "tiny",
-        "--models",
-        "softmax",
-        "topk",
-        "--seeds",
-        "1",
-        "2",
-        "--max-update",
-        "8",
-        "--work-dir",
-        work,
-        "--data",
-        SAMPLE,
-    ]
+    command = [*SCRIPT, *TINY_OPTIONS, "--work-dir", work, "--data", SAMPLE]
     first = run(command, timeout=900, cwd=REPO)
     again = run(command, timeout=600, cwd=REPO)
     return work, first.stdout, again.stdout
+
+
+@needs_shared_data
+def test_the_run_executed_exactly_its_dry_run(tiny_reproduction):
+    """Every command the first run started and each Python step it called, in order, is a line of
+    its dry run; the rerun started no command (its models, translations and analysis reused)."""
+    work, _, _ = tiny_reproduction
+    command = [*SCRIPT, *TINY_OPTIONS, "--work-dir", work, "--data", SAMPLE, "--dry-run"]
+    dry_run = run(command, timeout=120, cwd=REPO).stdout.splitlines()
+    runs = [[]]
+    for line in (work / "commands.log").read_text(encoding="utf-8").splitlines():
+        if line.startswith("# run of "):
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    assert runs[0] == [] and len(runs) == 3, "two runs, each after its header"
+    assert dry_run[0].startswith("# ") and runs[1] == dry_run[1:]
+    assert sum(line.split()[0].endswith("fairseq-train") for line in runs[1]) == 4
+    assert runs[2] and all(line.startswith("# ") for line in runs[2]), runs[2]
 
 
 @needs_shared_data

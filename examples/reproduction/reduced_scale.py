@@ -12,6 +12,7 @@ density, head diversity, specialised heads and learned alphas. See docs/reproduc
     # a normalizer with seeds of its own: NORMALIZER:SEED[,SEED...]
     .venv/bin/python -m examples.reproduction.reduced_scale --models softmax topk sparsemax:1
     .venv/bin/python -m examples.reproduction.reduced_scale --budget tiny     # every stage in minutes
+    .venv/bin/python -m examples.reproduction.reduced_scale --dry-run         # every step, nothing run
 
 Resumable: rerun the same command after an interruption; finished models are not retrained.
 """
@@ -27,12 +28,12 @@ from pathlib import Path
 
 from scipy.stats import t as student_t
 
-from examples.pipeline.attention_analysis import analyze
+from examples.pipeline.attention_analysis import analyze, analyze_command
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Decoding, Model, References, model_steps
 from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.runner import run_steps
+from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
@@ -218,6 +219,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--lr", type=float, help="peak learning rate (default: per budget)")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process")
+    parser.add_argument("--dry-run", action="store_true", help="print every step, one per line, and run nothing")
     return parser.parse_args(argv)
 
 
@@ -264,7 +266,8 @@ def budget_settings(budget):
 
 
 def run(args):
-    """Every stage, then the report, printed and written to the work dir's results.md.
+    """Every stage (or, with --dry-run, their lines), then the report, printed and written to
+    the work dir's results.md. What ran is appended to the work dir's commands.log.
 
     Args:
         args: the command line, as parse_args returns it.
@@ -274,16 +277,101 @@ def run(args):
         if getattr(args, option) is not None:
             budget[option] = getattr(args, option)
     work = (args.work_dir or REPO / "runs" / f"reproduction-{args.budget}").resolve()
+    if args.data is not None:
+        check_parallel_corpus({s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in SPLITS})
+    rows, done = [], {}
+    steps = experiment_steps(args, budget, work, rows, done)
+    if args.dry_run:
+        dry_run(steps, f"# reduced-scale reproduction, {args.budget} budget; work dir {work}")
+        return
     started = time.time()
-    if args.data is None:
-        args.data = multi30k.fetch_multi30k(args.cache_dir, args.download_from)
-    files = {s: (args.data / f"{s}.{SRC}", args.data / f"{s}.{TGT}") for s in SPLITS}
-    check_parallel_corpus(files)
+    with recording_commands(work / "commands.log"):
+        run_steps(steps)
+    report(args, budget, work, rows, done)
+    print(f"\nresults: {work / 'results.md'}; total time {format_seconds(time.time() - started)}")
 
-    raw_dir = work / "raw"
+
+def experiment_steps(args, budget, work, rows, done):
+    """The reproduction's steps: the corpus, the dataset, every model, the analysis.
+
+    Args:
+        args: the command line.
+        budget: the budget, with the command line's overrides.
+        work: the work folder.
+        rows: the list the models' score steps append their result rows to.
+        done: a dict the steps fill: "counts" ({split: pairs}).
+
+    Returns:
+        The Steps, a list.
+    """
+    data, raw_dir = args.data or Path(args.cache_dir), work / "raw"
+    steps = []
+    if args.data is None:
+        steps.append(
+            call_step(
+                f"# prepare: Multi30k task 1 from {args.download_from} -> {data} (multi30k.fetch_multi30k)",
+                lambda: multi30k.fetch_multi30k(data, args.download_from),
+            )
+        )
     limits = {"train": budget["train_lines"], "valid": budget["test_lines"], "test": budget["test_lines"]}
+    steps.append(
+        call_step(
+            f"# prepare: the first lines of {data}/{{train,valid,test}}.{{{SRC},{TGT}}} ({limits}) -> {raw_dir} "
+            "(reduced_scale.prepare_corpus)",
+            lambda: done.update(counts=prepare_corpus(data, raw_dir, limits, args.budget)),
+        )
+    )
+    dataset, text_dir, data_bin = dataset_steps(raw_dir, SRC, TGT, work, budget["bpe_merges"])
+    steps += dataset
+    settings = budget_settings(budget)
+
+    def references():
+        tok, raw = read_lines(text_dir / f"test.{TGT}"), read_lines(raw_dir / f"test.{TGT}")
+        return References(tok, raw, TGT, retokenize=budget["retokenize"])
+
+    runs, select = planned_runs(args.models, args.seeds), budget["select"]
+    decoding = Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"])
+    for i, (normalizer, seed) in enumerate(runs, 1):
+        model = Model(normalizer, seed, label=f"{normalizer} seed {seed} [{i}/{len(runs)}]", threads=args.threads)
+        steps += model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=use_cpu())
+    checkpoints = {
+        f"{n}-seed{seed}": work / "models" / f"{n}-seed{seed}" / f"checkpoint_{select}.pt" for n, seed in runs
+    }
+    sentences = budget["analysis_sentences"]
+
+    def analyze_models():
+        analysis = analyze(
+            data_bin, checkpoints, "valid", work / "analysis", work / "analysis.log", sentences, args.threads
+        )
+        for row in rows:
+            row.update((analysis or {}).get(f"{row['model']}-seed{row['seed']}", {}))
+
+    steps.append(
+        command_step(analyze_command(data_bin, checkpoints, "valid", work / "analysis", sentences), analyze_models)
+    )
+    return steps
+
+
+def prepare_corpus(data, raw_dir, limits, budget_name):
+    """The first lines of each split of the corpus, in raw_dir (skipped when prepared from the
+    same data and limits), checked.
+
+    Args:
+        data: the folder of train/valid/test.{de,en}.
+        raw_dir: where the lines are written.
+        limits: {split: lines, or None for all}.
+        budget_name: the budget, for the log line.
+
+    Returns:
+        {split: pairs}.
+
+    Raises:
+        PipelineError: the corpus is not line-aligned, or raw_dir was prepared from other data.
+    """
+    files = {s: (data / f"{s}.{SRC}", data / f"{s}.{TGT}") for s in SPLITS}
+    check_parallel_corpus(files)
     # A corpus prepared from other data or with other limits is refused, not reused.
-    prepared_from = {"data": str(args.data.resolve()), "lines": limits}
+    prepared_from = {"data": str(Path(data).resolve()), "lines": limits}
     if not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
         raw_dir.mkdir(parents=True, exist_ok=True)
         for split, pair in files.items():
@@ -291,44 +379,28 @@ def run(args):
                 _take_lines(path, raw_dir / f"{split}.{lang}", limits[split])
         mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in SPLITS})
-    log(f"{args.data.name} ({args.budget} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
+    log(f"{Path(data).name} ({budget_name} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))
+    return counts
 
-    steps, text_dir, data_bin = dataset_steps(raw_dir, SRC, TGT, work, budget["bpe_merges"])
-    settings = budget_settings(budget)
 
-    def references():
-        tok, raw = read_lines(text_dir / f"test.{TGT}"), read_lines(raw_dir / f"test.{TGT}")
-        return References(tok, raw, TGT, retokenize=budget["retokenize"])
+def report(args, budget, work, rows, done):
+    """The report of a finished run: printed, and written to results.md and results.json.
 
-    runs, rows = planned_runs(args.models, args.seeds), []
-    decoding = Decoding(lenpen=budget.get("lenpen", 1.0), max_len=budget["max_len"])
-    for i, (normalizer, seed) in enumerate(runs, 1):
-        model = Model(normalizer, seed, label=f"{normalizer} seed {seed} [{i}/{len(runs)}]", threads=args.threads)
-        steps += model_steps(
-            data_bin, work, model, settings, references, rows, decoding, (budget["select"],), cpu=use_cpu()
-        )
-    with recording_commands(work / "commands.log"):
-        run_steps(steps)
-        names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
-        analysis = analyze(
-            data_bin,
-            {name: r["checkpoint"] for name, r in names.items()},
-            "valid",
-            work / "analysis",
-            work / "analysis.log",
-            num_sentences=budget["analysis_sentences"],
-            threads=args.threads,
-        )
-    references_raw = references().raw
-    for name, row in names.items():
-        row.update((analysis or {}).get(name, {}))
-
+    Args:
+        args: the command line.
+        budget: the budget, with the command line's overrides.
+        work: the work folder.
+        rows: the result rows, analysis included.
+        done: what the steps recorded (experiment_steps).
+    """
+    references_raw = read_lines(work / "raw" / f"test.{TGT}")
+    names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
     _quiet_libraries()
     significance = paired_bootstrap(rows, work, references_raw)
     differences = {metric: paired_differences(rows, metric) for metric, _ in PAIRED_METRICS}
     curves = {name: validation_curve(Path(r["checkpoint"]).parent / "train.log") for name, r in names.items()}
     figure = learning_curves_figure(curves, work / "learning_curves.png")
-    report = summarize(rows, args, counts, budget, significance, figure)
+    summary = summarize(rows, args, done["counts"], budget, significance, figure)
     results = {
         "runs": rows,
         "paired_differences": differences,
@@ -336,10 +408,9 @@ def run(args):
         "validation_curves": curves,
     }
     (work / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (work / "results.md").write_text(report + "\n")
+    (work / "results.md").write_text(summary + "\n")
     print()
-    print(report)
-    print(f"\nresults: {work / 'results.md'}; total time {format_seconds(time.time() - started)}")
+    print(summary)
 
 
 def _quiet_libraries():
