@@ -3,8 +3,8 @@
 A block is found by its file and its first line ("... #2" for the second block of a file that
 starts with the same line). It is checked in one of these ways:
 - PARSE: bash runs the block as written, with SUBSTITUTIONS for the shell variables it uses
-  without defining, but each command of the project, fairseq or torch stops once its own
-  argument parser has accepted its arguments (a sitecustomize ends the process after the
+  without defining, but a program with a dry run runs with --dry-run, and each other command of
+  the project, fairseq or torch stops once its own argument parser has accepted its arguments (a sitecustomize ends the process after the
   first successful `ArgumentParser.parse_args`); `make` runs as `make -n`, `pip install` checks
   that the extras it names exist, and `sleep` returns at once. So a renamed option, a removed
   architecture or a wrong module fails, while nothing trains. `...` stands for "the rest as
@@ -155,7 +155,8 @@ SITECUSTOMIZE = textwrap.dedent(
 )
 
 # The commands of a PARSE block, as bash functions. A call of one that names a program (not
-# `python -c`) must reach its parser.
+# `python -c`) must reach its parser; a program with a dry run (the recipes, the reduced-scale
+# reproduction) runs it instead, so its own checks and its whole plan run.
 SHIMS = textwrap.dedent(
     """
     set -eo pipefail
@@ -165,6 +166,11 @@ SHIMS = textwrap.dedent(
         for a in "$@"; do [[ $a == "..." ]] || args+=("$a"); done
         local id="$name-$BASHPID-$RANDOM"
         local rc=0
+        if [[ " ${args[*]} " =~ " examples."(reproduction.reduced_scale|translation.recipe)" " ]]; then
+            command "$name" "${args[@]}" --dry-run > /dev/null || rc=$?
+            if [[ $rc != 0 ]]; then echo "FAIL $name --dry-run exited $rc" >> "$DOC_LOG"; return $rc; fi
+            echo "DRY-RUN $name ${args[*]}" >> "$DOC_LOG"; return 0
+        fi
         DOC_CALL_ID=$id command "$name" "${args[@]}" || rc=$?
         if [[ $rc != 0 ]]; then echo "FAIL $name exited $rc" >> "$DOC_LOG"; return $rc; fi
         if [[ ${args[0]} != -c ]] && ! grep -q "^PARSED $id " "$DOC_LOG"; then
@@ -249,9 +255,21 @@ def test_documented_block(key, tmp_path):
     elif how in (PARSE, RUN):
         calls, _ = _run_block(block, tmp_path, parse=how == PARSE)
         if how == PARSE and any(word in block for word in ("fairseq-", ".venv/bin/python -m", "torchrun")):
-            assert "PARSED" in calls, f"{key[0]}:{line}: no command of the block reached its parser"
+            assert "PARSED" in calls or "DRY-RUN" in calls, f"{key[0]}:{line}: no command reached its parser"
     else:
         how(block)
+
+
+def test_a_program_with_a_dry_run_runs_its_own_checks(tmp_path):
+    """Past its parser: the reduced-scale reproduction's dry run refuses a data folder without the
+    corpus, and prints its plan for a good one."""
+    block = f".venv/bin/python -m examples.reproduction.reduced_scale --data {tmp_path} --work-dir {tmp_path}/w\n"
+    with pytest.raises(AssertionError, match="--dry-run exited 2"):
+        _run_block(block, tmp_path, parse=True)
+    (tmp_path / "good").mkdir()
+    block = ".venv/bin/python -m examples.reproduction.reduced_scale --budget tiny\n"
+    calls, _ = _run_block(block, tmp_path / "good", parse=True)
+    assert "DRY-RUN .venv/bin/python -m examples.reproduction.reduced_scale --budget tiny" in calls
 
 
 def test_a_rotten_option_fails_the_parse(tmp_path):
