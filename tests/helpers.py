@@ -255,3 +255,28 @@ def preprocess(raw_dir, dest_dir, src="src", tgt="tgt"):
         ]
     )
     return Path(dest_dir)
+
+
+def assert_run_executed_its_dry_run(program, options, work):
+    """The first run recorded in work/commands.log executed exactly the lines that the same
+    command's --dry-run prints (after its header line), and each later run is listed apart.
+
+    Args:
+        program: the command's start, e.g. (python, "-m", "examples.translation.recipe").
+        options: its options, without --work-dir and --dry-run.
+        work: the work dir the run used.
+
+    Returns:
+        The recorded runs: for each, the lines it executed.
+    """
+    # From the repository root, as the docs run the examples.
+    command = [*program, *options, "--work-dir", work, "--dry-run"]
+    dry_run = run(command, timeout=120, cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()
+    runs = []
+    for line in (Path(work) / "commands.log").read_text(encoding="utf-8").splitlines():
+        if line.startswith("# run of "):
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    assert dry_run[0].startswith("# ") and runs[0] == dry_run[1:]
+    return runs

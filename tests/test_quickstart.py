@@ -18,7 +18,7 @@ import pytest
 from examples.pipeline.tables import format_seconds
 from examples.quickstart.toy_language import ToyLanguagePair, write_toy_corpus
 from fairseq_entmax.names import ATTENTION_TYPES
-from helpers import run, write_tiny_corpus
+from helpers import assert_run_executed_its_dry_run, run, write_tiny_corpus
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
 pytestmark = pytest.mark.slow
@@ -35,6 +35,25 @@ def tiny_demo(tmp_path_factory):
     work = tmp_path_factory.mktemp("quickstart") / "work"
     proc = run([*QUICKSTART, "--tiny", "--work-dir", work], timeout=900, cwd=REPO)
     return work, proc.stdout + proc.stderr
+
+
+def test_quickstart_executed_exactly_its_dry_run(tiny_demo):
+    """The toy pair's run: every command it started and each Python step it called, in order,
+    are the lines of its dry run."""
+    work, _ = tiny_demo
+    [executed] = assert_run_executed_its_dry_run(QUICKSTART, ["--tiny"], work)
+    assert sum(line.split()[0].endswith("fairseq-train") for line in executed) == len(NORMALIZERS)
+    assert executed[-1].split()[0].endswith("fairseq-entmax-analyze")
+
+
+def test_quickstart_dry_run_on_own_corpus_needs_the_cap(tmp_path):
+    """On a user's corpus the cap is sized from the BPE-segmented text, which a dry run does not
+    make: it asks for --max-update instead of printing other commands than the run's."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=30, n_valid=5, n_test=5)
+    command = [*QUICKSTART, "--data", corpus, "--src", "src", "--tgt", "tgt", "--work-dir", tmp_path / "w", "--dry-run"]
+    proc = run(command, check=False, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "--dry-run on your corpus needs --max-update" in proc.stderr
+    assert not (tmp_path / "w").exists()
 
 
 def test_quickstart_prints_one_row_per_model_with_scores_density_alpha_and_time(tiny_demo):
@@ -223,28 +242,16 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(t
     after 4 epochs, in seconds, and the table says so."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
-    proc = run(
-        [
-            *QUICKSTART,
-            "--data",
-            corpus,
-            "--src",
-            "src",
-            "--tgt",
-            "tgt",
-            "--models",
-            "softmax",
-            "--max-update",
-            "40",
-            "--lr",
-            "1e-12",
-            "--work-dir",
-            work,
-        ],
-        timeout=600,
-        cwd=REPO,
+    options = ["--data", corpus, "--src", "src", "--tgt", "tgt", "--models", "softmax", "--max-update", "40"]
+    output = run([*QUICKSTART, *options, "--lr", "1e-12", "--work-dir", work], timeout=600, cwd=REPO).stdout
+    # Its dry run (given the cap) is what ran: the timing and the plan steps included.
+    [executed] = assert_run_executed_its_dry_run(QUICKSTART, [*options, "--lr", "1e-12"], work)
+    assert (
+        "--no-save"
+        in executed[
+            executed.index("# plan: sizes and the estimate at the timed rates (quickstart.own_corpus_plan)") - 1
+        ]
     )
-    output = proc.stdout
     assert "bpe: learning 1000 joint merges" in output
     plan = next(line for line in output.splitlines() if "] plan: " in line)
     assert "300 training pairs" in plan and "1000 BPE merges" in plan

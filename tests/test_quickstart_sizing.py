@@ -111,7 +111,7 @@ def round_passes(monkeypatch):
     monkeypatch.setattr(quickstart, "PASSES_TO_STOP", {"typical": 20, "most": 30})
 
 
-# Rates as time_first_updates gives them (seconds per update, timed on the user's machine).
+# Rates as timing_steps gives them (seconds per update, timed on the user's machine).
 RATES = {"softmax": 0.5, "entmax15": 0.5, "alpha_entmax": 0.75, "topk": 0.25}
 
 
@@ -224,10 +224,11 @@ def test_max_update_and_bpe_merges_override_the_rule(tmp_path, monkeypatch):
     monkeypatch.setattr(quickstart, "model_steps", model_steps)
 
     # No data-bin here to time updates on (tests/test_quickstart.py times them for real).
-    def time_first_updates(data_bin, work, settings, models, threads):
-        return {model: RATES[model] for model in models}
+    def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
+        rates.update({model: RATES[model] for model in models})
+        return []
 
-    monkeypatch.setattr(quickstart, "time_first_updates", time_first_updates)
+    monkeypatch.setattr(quickstart, "timing_steps", timing_steps)
 
     def sizes(*options):
         work = tmp_path / ("work" + "".join(options))

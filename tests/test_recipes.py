@@ -28,7 +28,7 @@ from examples.pipeline import (
     training,
 )
 from examples.translation import selection, tasks
-from helpers import run
+from helpers import assert_run_executed_its_dry_run, run
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
 pytestmark = pytest.mark.slow
@@ -99,22 +99,11 @@ def test_iwslt17_smoke_runs_every_stage(iwslt_smoke):
     assert "tok BLEU" in output and "| alpha_entmax " in output
 
 
-def _recorded_runs(work):
-    """The runs recorded in a work dir's commands.log: for each, the lines it executed."""
-    runs = []
-    for line in (work / "commands.log").read_text(encoding="utf-8").splitlines():
-        if line.startswith("# run of "):
-            runs.append([])
-        else:
-            runs[-1].append(line)
-    return runs
-
-
 def _assert_the_run_executed_its_dry_run(options, work):
-    """The first run in `work` executed exactly the lines its dry run prints (after the header)."""
-    dry_run = run([*RECIPE, *options, "--work-dir", work, "--dry-run"], timeout=120, cwd=REPO).stdout.splitlines()
-    assert dry_run[0].startswith("# ") and "CPU" in dry_run[0]
-    assert _recorded_runs(work)[0] == dry_run[1:]
+    """The first run in `work` executed exactly the lines its dry run prints, on the CPU."""
+    runs = assert_run_executed_its_dry_run(RECIPE, options, work)
+    assert all(" --cpu" in line for line in runs[0] if line.split()[0].endswith(("fairseq-train", "fairseq-generate")))
+    return runs
 
 
 @needs_shared_data
@@ -122,8 +111,9 @@ def test_iwslt17_smoke_executes_exactly_its_dry_run(iwslt_smoke):
     """Every command the run started (fairseq's, subword-nmt's, the analysis), each Python step
     in between, in order, is a line of the dry run, and nothing else ran."""
     work, _ = iwslt_smoke
-    _assert_the_run_executed_its_dry_run(["iwslt17", "--smoke", *SMOKE_OPTIONS, "--average-last", "2"], work)
-    executed = _recorded_runs(work)[0]
+    executed = _assert_the_run_executed_its_dry_run(
+        ["iwslt17", "--smoke", *SMOKE_OPTIONS, "--average-last", "2"], work
+    )[0]
     assert sum(line.split()[0].endswith("fairseq-train") for line in executed) == len(NORMALIZERS)
     assert sum(line.split()[0].endswith("fairseq-generate") for line in executed) == 2 * len(NORMALIZERS)
 
@@ -138,7 +128,9 @@ def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
     assert (work / "data-bin" / "preprocess.done").stat().st_mtime == stamp
     # The rerun ran no command: no tool, and the analysis of the same checkpoints was reused.
-    rerun = _recorded_runs(work)[-1]
+    rerun = assert_run_executed_its_dry_run(
+        RECIPE, ["iwslt17", "--smoke", *SMOKE_OPTIONS, "--average-last", "2"], work
+    )[-1]
     assert rerun and all(line.startswith("# ") for line in rerun), rerun
 
 

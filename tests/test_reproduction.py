@@ -26,7 +26,7 @@ from examples.reproduction.reduced_scale import (
     planned_runs,
     summarize,
 )
-from helpers import run
+from helpers import assert_run_executed_its_dry_run, run
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
 pytestmark = pytest.mark.slow
@@ -59,18 +59,10 @@ def test_the_run_executed_exactly_its_dry_run(tiny_reproduction):
     """Every command the first run started and each Python step it called, in order, is a line of
     its dry run; the rerun started no command (its models, translations and analysis reused)."""
     work, _, _ = tiny_reproduction
-    command = [*SCRIPT, *TINY_OPTIONS, "--work-dir", work, "--data", SAMPLE, "--dry-run"]
-    dry_run = run(command, timeout=120, cwd=REPO).stdout.splitlines()
-    runs = [[]]
-    for line in (work / "commands.log").read_text(encoding="utf-8").splitlines():
-        if line.startswith("# run of "):
-            runs.append([])
-        else:
-            runs[-1].append(line)
-    assert runs[0] == [] and len(runs) == 3, "two runs, each after its header"
-    assert dry_run[0].startswith("# ") and runs[1] == dry_run[1:]
-    assert sum(line.split()[0].endswith("fairseq-train") for line in runs[1]) == 4
-    assert runs[2] and all(line.startswith("# ") for line in runs[2]), runs[2]
+    runs = assert_run_executed_its_dry_run(SCRIPT, [*TINY_OPTIONS, "--data", SAMPLE], work)
+    assert len(runs) == 2
+    assert sum(line.split()[0].endswith("fairseq-train") for line in runs[0]) == 4
+    assert runs[1] and all(line.startswith("# ") for line in runs[1]), runs[1]
 
 
 @needs_shared_data

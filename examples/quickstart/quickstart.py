@@ -30,12 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-from examples.pipeline.attention_analysis import analyze
+from examples.pipeline.attention_analysis import analyze, analyze_command
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Decoding, Model, References, model_steps
 from examples.pipeline.markers import is_done, mark_done
-from examples.pipeline.runner import run_steps
+from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tools import (
     PipelineError,
@@ -206,8 +206,8 @@ def estimated_seconds(updates, rates):
     return sum(updates * rate for rate in rates.values())
 
 
-def time_first_updates(data_bin, work, settings, models, threads):
-    """Each normalizer's training rate on this machine, from its first updates.
+def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
+    """Steps that time each normalizer's first updates on this machine.
 
     Args:
         data_bin: the run's data-bin.
@@ -215,9 +215,11 @@ def time_first_updates(data_bin, work, settings, models, threads):
         settings: the run's TrainSettings.
         models: the normalizers.
         threads: fairseq-train's threads (--threads, or None for torch's choice).
+        cpu: whether fairseq-train runs on the CPU.
+        rates: the dict each step puts its normalizer's seconds per update in.
 
     Returns:
-        {normalizer: seconds per update}.
+        The Steps, a list.
     """
     timing = dataclasses.replace(
         settings,
@@ -226,14 +228,18 @@ def time_first_updates(data_bin, work, settings, models, threads):
         patience=0,
         extra_args=[*settings.extra_args, "--no-save", "--disable-validation"],
     )
-    rates = {}
+    steps = []
     for normalizer in models:
-        save_dir = work / "timing" / normalizer
-        log(f"{normalizer}: timing its first {TIMED_UPDATES} updates")
-        command = train_command(data_bin, save_dir, normalizer, timing, seed=1, cpu=use_cpu())
-        output = run_logged(command, save_dir / "train.log", env=threads_env(threads)).output
-        rates[normalizer] = timed_rate(output, save_dir / "train.log")
-    return rates
+        log_path = work / "timing" / normalizer / "train.log"
+        command = train_command(data_bin, log_path.parent, normalizer, timing, seed=1, cpu=cpu)
+
+        def time_it(normalizer=normalizer, command=command, log_path=log_path):
+            log(f"{normalizer}: timing its first {TIMED_UPDATES} updates")
+            output = run_logged(command, log_path, env=threads_env(threads)).output
+            rates[normalizer] = timed_rate(output, log_path)
+
+        steps.append(command_step(command, time_it))
+    return steps
 
 
 def timed_rate(output, log_path):
@@ -419,6 +425,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--tiny", action="store_true", help="a very small run (a few seconds per model), for tests")
     parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
+    parser.add_argument("--dry-run", action="store_true", help="print every step, one per line, and run nothing")
     args = parser.parse_args(argv)
     if args.data is None and (args.src or args.tgt):
         parser.error("--src/--tgt name the files of your corpus: give --data DIR as well")
@@ -467,33 +474,6 @@ def run_size(args):
     return size
 
 
-def prepare_corpus(args, work, size):
-    """The corpus, checked before anything long starts: the user's, or the toy pair written once.
-
-    Args:
-        args: the command line.
-        work: the work folder.
-        size: the run's sizes (run_size).
-
-    Returns:
-        (raw_dir, src, tgt, {split: (source file, target file)}, {split: lines}).
-    """
-    if args.data is not None:
-        raw_dir, src, tgt = args.data, args.src, args.tgt
-    else:
-        raw_dir = work / "raw"
-        if not is_done(raw_dir / "corpus.done"):
-            log(f"writing the toy corpus to {raw_dir}")
-            n_eval = size["n_eval"]
-            write_toy_corpus(raw_dir, n_train=size["n_train"], n_valid=n_eval, n_test=n_eval)
-            mark_done(raw_dir / "corpus.done")
-        src, tgt = "svo", "sov"
-    files = {split: (raw_dir / f"{split}.{src}", raw_dir / f"{split}.{tgt}") for split in SPLITS}
-    counts = check_parallel_corpus(files)
-    log(f"corpus {raw_dir} {src}->{tgt}: " + ", ".join(f"{s} {n} lines" for s, n in counts.items()))
-    return raw_dir, src, tgt, files, counts
-
-
 def train_settings(args, size, patience):
     """The TrainSettings every normalizer trains with. On a user's corpus each model trains until
     its validation accuracy stops improving; the toy pair trains for its fixed updates.
@@ -524,92 +504,168 @@ def train_settings(args, size, patience):
 
 
 def run(args):
-    """Every stage, then the table, printed and written to the work dir's results.md.
+    """Every stage (or, with --dry-run, their lines), then the table, printed and written to
+    the work dir's results.md. What ran is appended to the work dir's commands.log.
 
     Args:
         args: the command line, as parse_args returns it.
+
+    Raises:
+        PipelineError: a bad corpus, or a dry run on a corpus whose cap is to be sized.
     """
     own_corpus = args.data is not None
     patience = (PATIENCE if args.patience is None else args.patience) if own_corpus else 0
-    sized = own_corpus and not args.tiny
     size = run_size(args)
     # One default folder per corpus, direction and size: a run never finds another's models.
     name = "quickstart" + (f"-{args.data.resolve().name}-{args.src}-{args.tgt}" if own_corpus else "")
     work = (args.work_dir or REPO / "runs" / (name + ("-tiny" if args.tiny else ""))).resolve()
-    started = time.time()
-
-    # 1. Corpus.
-    raw_dir, src, tgt, files, counts = prepare_corpus(args, work, size)
+    corpus = Corpus.of(args, work)
+    if own_corpus:
+        corpus.counts = check_parallel_corpus(corpus.files())
+        if not args.tiny:
+            size.setdefault("bpe_merges", own_corpus_bpe_merges(corpus.counts["train"]))
+    if args.dry_run:
+        if own_corpus and not args.tiny and not args.max_update:
+            raise PipelineError(
+                "--dry-run on your corpus needs --max-update: the cap is sized from the BPE-segmented corpus, "
+                "which a dry run does not make"
+            )
+        dry_run(quickstart_steps(args, work, size, patience, corpus, []), f"# quickstart; work dir {work}")
+        return
+    started, rows = time.time(), []
+    if own_corpus:
+        counted = ", ".join(f"{split} {n} lines" for split, n in corpus.counts.items())
+        log(f"corpus {corpus.raw_dir} {corpus.src}->{corpus.tgt}: {counted}")
     work.mkdir(parents=True, exist_ok=True)
-    if sized:
-        size.setdefault("bpe_merges", own_corpus_bpe_merges(counts["train"]))
     with recording_commands(work / "commands.log"):
-        rows, analysis = train_and_compare(args, work, size, patience, (raw_dir, src, tgt, files, counts))
-    write_results(args, work, rows, (raw_dir, src, tgt, counts), size["max_update"], patience)
-    if analysis is not None:
+        run_steps(quickstart_steps(args, work, size, patience, corpus, rows))
+    write_results(args, work, rows, corpus, size["max_update"], patience)
+    if (work / "analysis" / "analysis.json").exists():
         print(f"Figures and CSV tables: {work / 'analysis'}")
     print(f"Everything is in {work} (results.md, results.json); total time {format_seconds(time.time() - started)}")
 
 
-def train_and_compare(args, work, size, patience, corpus):
-    """The stages after the corpus: the dataset, (on a user's corpus) the timing and the plan,
-    each model trained, translating the test set and scored, then the attention analysis.
+@dataclasses.dataclass
+class Corpus:
+    """The run's corpus: the user's, or the toy pair written into the work dir.
+
+    Attributes:
+        raw_dir: its folder, {train,valid,test}.{src,tgt}.
+        src: the source language suffix.
+        tgt: the target language suffix.
+        counts: {split: lines}, once checked.
+    """
+
+    raw_dir: Path
+    src: str
+    tgt: str
+    counts: dict = None
+
+    @classmethod
+    def of(cls, args, work):
+        """The corpus of a command line: --data, or the toy pair in work/raw."""
+        if args.data is not None:
+            return cls(args.data, args.src, args.tgt)
+        return cls(work / "raw", "svo", "sov")
+
+    def files(self):
+        """{split: (source file, target file)}."""
+        return {split: (self.raw_dir / f"{split}.{self.src}", self.raw_dir / f"{split}.{self.tgt}") for split in SPLITS}
+
+
+def quickstart_steps(args, work, size, patience, corpus, rows):
+    """The quickstart's steps: the toy corpus, the dataset, (on a user's corpus) the timing and
+    the plan, each model trained, translating the test set and scored, then the attention
+    analysis. A run executes each step before the next is made: a user's corpus gets its cap
+    (size["max_update"]) from the BPE-segmented corpus.
 
     Args:
         args: the command line.
         work: the work folder.
-        size: the run's sizes (run_size); a user's corpus gets max_update and warmup here.
+        size: the run's sizes (run_size), bpe_merges set.
         patience: the patience of the models (0: none).
-        corpus: (raw_dir, src, tgt, {split: files}, {split: lines}), prepare_corpus's.
+        corpus: the Corpus.
+        rows: the list the score steps append their result rows to.
 
-    Returns:
-        (the result rows, the analysis or None).
+    Yields:
+        Steps.
     """
-    raw_dir, src, tgt, files, counts = corpus
     own_corpus, sized, cpu = args.data is not None, args.data is not None and not args.tiny, use_cpu()
-    # 2. Moses tokenisation (your corpus only: the toy pair is tokenised already), joint BPE,
-    # fairseq-preprocess.
-    steps, text_dir, data_bin = dataset_steps(
-        raw_dir, src, tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None
+    if not own_corpus:
+        yield toy_corpus_step(corpus, size)
+    dataset, text_dir, data_bin = dataset_steps(
+        corpus.raw_dir, corpus.src, corpus.tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None
     )
-    run_steps(steps)
+    yield from dataset
     if sized:
-        training_tokens = count_training_tokens(work / "bpe", src, tgt)  # dataset_steps' BPE folder
-        size.setdefault("max_update", own_corpus_max_update(training_tokens, size["max_tokens"]))
+        if "max_update" not in size:
+            size["max_update"] = own_corpus_max_update(count_training_tokens(work / "bpe", corpus.src, corpus.tgt))
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
-    settings = train_settings(args, size, patience)
+    settings, rates = train_settings(args, size, patience), {}
     if sized:
-        rates = time_first_updates(data_bin, work, settings, args.models, args.threads)
-        threads = training_threads(args.threads)
-        for line in own_corpus_plan(size, counts, training_tokens, rates, bool(args.max_update), patience, threads):
-            log(line)
+        yield from timing_steps(data_bin, work, settings, args.models, args.threads, cpu, rates)
+        yield plan_step(args, work, size, patience, corpus, rates)
 
-    # 3. Training, one model per normalizer, all with the same size and budget, then
-    # translation of the test set and scoring: a user's corpus with the best checkpoint, the
-    # toy pair with the last.
     def references():
-        return References(
-            read_lines(text_dir / f"test.{tgt}"), read_lines(files["test"][1]), tgt, tokenized_bleu=own_corpus
-        )
+        tok, raw = read_lines(text_dir / f"test.{corpus.tgt}"), read_lines(corpus.files()["test"][1])
+        return References(tok, raw, corpus.tgt, tokenized_bleu=own_corpus)
 
-    rows, decoding, select = [], Decoding(max_len=(1.5, 10)), "best" if own_corpus else "last"
+    # Training, one model per normalizer, all with the same size and budget, then translation of
+    # the test set and scoring: a user's corpus with the best checkpoint, the toy pair with the last.
+    decoding, select = Decoding(max_len=(1.5, 10)), "best" if own_corpus else "last"
     for i, normalizer in enumerate(args.models, 1):
         model = Model(normalizer, 1, label=f"{normalizer} [{i}/{len(args.models)}]", threads=args.threads)
-        run_steps(model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=cpu))
-        row = rows[-1]
-        if sized and row["updates"]:
+        yield from model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=cpu)
+        if sized and rows and rows[-1]["updates"]:
+            row = rows[-1]
             log(
                 f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
                 f"{row['train_seconds'] / row['updates']:.2f} s per update with validation and checkpoints "
                 f"(timed first updates: {rates[normalizer]:.2f})"
             )
-    checkpoints = {row["model"]: row["checkpoint"] for row in rows}
+    yield analysis_step(args, work, data_bin, rows, select)
 
-    # 4. Attention analysis: density and learned alphas for the table, figures on disk.
-    analysis = analyze(data_bin, checkpoints, "test", work / "analysis", work / "analysis.log", threads=args.threads)
-    for row in rows:
-        row.update((analysis or {}).get(row["model"], {}))
-    return rows, analysis
+
+def toy_corpus_step(corpus, size):
+    """The step that writes the toy pair once (toy_language.write_toy_corpus)."""
+    marker, n_eval = corpus.raw_dir / "corpus.done", size["n_eval"]
+
+    def write():
+        log(f"writing the toy corpus to {corpus.raw_dir}")
+        write_toy_corpus(corpus.raw_dir, n_train=size["n_train"], n_valid=n_eval, n_test=n_eval)
+        mark_done(marker)
+
+    line = (
+        f"# corpus: the toy pair, {size['n_train']} training and {n_eval} valid and test sentences -> "
+        f"{corpus.raw_dir} (toy_language.write_toy_corpus)"
+    )
+    return call_step(line, write, skip=lambda: is_done(marker))
+
+
+def plan_step(args, work, size, patience, corpus, rates):
+    """The step that prints the plan and the estimate from the timed rates (own_corpus_plan)."""
+
+    def show_plan():
+        tokens, threads = count_training_tokens(work / "bpe", corpus.src, corpus.tgt), training_threads(args.threads)
+        for line in own_corpus_plan(size, corpus.counts, tokens, rates, bool(args.max_update), patience, threads):
+            log(line)
+
+    return call_step("# plan: sizes and the estimate at the timed rates (quickstart.own_corpus_plan)", show_plan)
+
+
+def analysis_step(args, work, data_bin, rows, select):
+    """The step of the attention analysis of every model: density and learned alphas for the
+    table, figures on disk (fairseq-entmax-analyze)."""
+    checkpoints = {name: work / "models" / f"{name}-seed1" / f"checkpoint_{select}.pt" for name in args.models}
+
+    def analyze_models():
+        analysis = analyze(
+            data_bin, checkpoints, "test", work / "analysis", work / "analysis.log", threads=args.threads
+        )
+        for row in rows:
+            row.update((analysis or {}).get(row["model"], {}))
+
+    return command_step(analyze_command(data_bin, checkpoints, "test", work / "analysis"), analyze_models)
 
 
 def write_results(args, work, rows, corpus, max_update, patience):
@@ -619,12 +675,12 @@ def write_results(args, work, rows, corpus, max_update, patience):
         args: the command line.
         work: the work folder.
         rows: the result rows, analysis included.
-        corpus: (raw_dir, src, tgt, {split: lines}) of the corpus.
+        corpus: the Corpus.
         max_update: the update cap the models trained with.
         patience: the patience they trained with.
     """
     own_corpus = args.data is not None
-    raw_dir, src, tgt, counts = corpus
+    raw_dir, src, tgt, counts = corpus.raw_dir, corpus.src, corpus.tgt, check_parallel_corpus(corpus.files())
     table = format_table(rows, bleu_tok=own_corpus, training=own_corpus)
     signatures = f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}"
     notes = (
