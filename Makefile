@@ -57,14 +57,14 @@ format: setup
 	$(RUFF) format .
 
 bench: setup
-	$(PY) -m benchmarks.normalizers --rounds 5 --threads 1
+	$(PY) -m benchmarks.maps normalizers --rounds 5 --threads 1
 
 # The normalizer benchmark of the working tree against the commit REF, in fresh processes that
-# alternate between the two (python -m benchmarks.compare_revisions): run it before a change to a
+# alternate between the two (python -m benchmarks.maps against): run it before a change to a
 # normalizer lands. BENCH_COMPARE_ARGS adds options, e.g. --threads 1 --clock cpu on a busy machine.
 bench-compare: setup
 	@test -n "$(REF)" || { echo "usage: make bench-compare REF=<commit> [BENCH_COMPARE_ARGS=...]"; exit 2; }
-	$(PY) -m benchmarks.compare_revisions $(REF) --max-ratio 1.10 $(BENCH_COMPARE_ARGS)
+	$(PY) -m benchmarks.maps against $(REF) --max-ratio 1.10 $(BENCH_COMPARE_ARGS)
 
 # The GPU check (python -m benchmarks.gpu_check): on a CUDA machine, the GPU-only tests and every
 # GPU benchmark in one report; without a CUDA device it stops at once, exit status 2. Not

@@ -2,6 +2,7 @@
 memory, and the benchmark's exit status when one fails or refuses a checkpoint. The benchmarks
 stand alone: they import this package and fairseq, never examples/."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -79,18 +80,45 @@ def run(args, log_path=None):
 
 
 def exit_status(main):
-    """A benchmark's exit status: 0; 2 after a refused checkpoint, as the command itself exits;
-    1 after a failed command. The message goes to stderr.
+    """A benchmark's exit status: main's own (0 when it returns None); 2 after a refused
+    checkpoint, as the command itself exits; 1 after a failed command. The message goes to stderr.
 
     Args:
         main: the benchmark, a function of no arguments.
     """
     try:
-        main()
+        return main() or 0
     except CheckpointRefused as error:
         print(error, file=sys.stderr)
         return 2
     except CommandFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    return 0
+
+
+def run_measurement(program, measurements, argv=None):
+    """One measurement of a benchmark program, `python -m benchmarks.PROGRAM NAME [options]`: the
+    module of NAME parses the options, under that prog name.
+
+    Args:
+        program: the program's module name under benchmarks/.
+        measurements: {NAME: (module under benchmarks/, what it measures)}.
+        argv: the arguments (default: sys.argv[1:]).
+
+    Returns:
+        The exit status (exit_status's); 2 with the list of measurements for an unknown NAME, 0
+        for --help.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in measurements:
+        listing = "\n".join(f"  {name:<12} {what}" for name, (_, what) in measurements.items())
+        asked_help = bool(argv) and argv[0] in ("-h", "--help")
+        print(
+            f"usage: python -m benchmarks.{program} NAME [options]; NAME --help lists its options\n{listing}",
+            file=sys.stdout if asked_help else sys.stderr,
+        )
+        return 0 if asked_help else 2
+    module = importlib.import_module(f"benchmarks.{measurements[argv[0]][0]}")
+    # The measurement's argparse names itself after sys.argv[0].
+    sys.argv = [f"python -m benchmarks.{program} {argv[0]}", *argv[1:]]
+    return exit_status(module.main)

@@ -1,6 +1,6 @@
 """The normalizer benchmark for the working tree against another commit, side by side.
 
-Runs benchmarks.normalizers (this tree's module, our normalizers only, no memory columns)
+Runs the normalizer benchmark (this tree's module, our normalizers only, no memory columns)
 in fresh processes that import fairseq_entmax alternately from the working tree and from REF
 (exported with `git archive` into a temporary folder). Each round of processes runs both, in an
 order that alternates from round to round, so that the machine's drift falls on both alike.
@@ -8,7 +8,7 @@ Prints, per shape and normalizer, the median milliseconds of each and the ratio 
 REF (the median over rounds, with its range): below 1, the working tree is faster.
 
 Run before a change to a normalizer lands (`make bench-compare REF=<commit>`):
-    python -m benchmarks.compare_revisions REF [--process-rounds 3] [--rounds 7] [--threads 2]
+    python -m benchmarks.maps against REF [--process-rounds 3] [--rounds 7] [--threads 2]
         [--shapes 128x128x128 32x512x512] [--clock {wall,cpu}] [--max-ratio 1.10]
 With --max-ratio, the exit status is 1 when a normalizer's median ratio exceeds it.
 """
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from benchmarks.revisions import REPOSITORY, export, git
 
-BENCHMARK = "benchmarks.normalizers"
+# The normalizer benchmark of this tree, as a command.
+BENCHMARK = ("-m", "benchmarks.maps", "normalizers")
 DEFAULT_SHAPES = ["128x128x128", "32x512x512"]
 
 
@@ -57,7 +58,7 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     ).stdout.strip()
     if not Path(where).resolve().is_relative_to(Path(package_root).resolve()):
         raise SystemExit(f"error: fairseq_entmax imports from {where!r}, not from {package_root}")
-    command = [sys.executable, "-m", BENCHMARK, "--ours-only", "--no-memory", "--json", str(output)]
+    command = [sys.executable, *BENCHMARK, "--ours-only", "--no-memory", "--json", str(output)]
     command += ["--rounds", str(rounds), "--threads", str(threads), "--clock", clock, "--shapes", *shapes]
     done = subprocess.run(command, env=dict(os.environ, **env), cwd=package_root, capture_output=True, text=True)
     if done.returncode != 0:
@@ -143,7 +144,3 @@ def main(argv=None):
         print(f"over --max-ratio {args.max_ratio}: " + "; ".join(too_slow))
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ process ends (also when the command fails or exits early).
 
     python -m benchmarks.cuda_peak_memory OUT.json fairseq_cli.train DATA-BIN [fairseq-train options]
 
-python -m benchmarks.training runs fairseq-train this way on a GPU.
+python -m benchmarks.translation training runs fairseq-train this way on a GPU.
 """
 
 import atexit

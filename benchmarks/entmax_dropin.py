@@ -11,7 +11,7 @@ alike; "speed-up" is the package's
 median over the drop-in's. "max |diff|" is the largest difference of the outputs (the package's
 bisection runs its default 50 steps).
 
-Run:  python -m benchmarks.entmax_dropin [--rounds N] [--threads N]
+Run:  python -m benchmarks.maps dropin [--rounds N] [--threads N]
 """
 
 import argparse
@@ -131,7 +131,3 @@ def main():
     results = measure(args.rounds)
     print(machine_description(torch.device("cpu")))
     print(format_table(results))
-
-
-if __name__ == "__main__":
-    main()

@@ -11,8 +11,8 @@ generation settings as benchmarks/training.py (beam 5, batches of 16, output for
 fixed length) make the runs comparable; a softmax checkpoint of this package gives the floor.
 On a GPU every timed call is synchronised, which slows the run a little.
 
-    python -m benchmarks.training --settings long-small --rounds 1 --work-dir /tmp/ls
-    python -m benchmarks.generation_breakdown /tmp/ls/long-small/bin \
+    python -m benchmarks.translation training --settings long-small --rounds 1 --work-dir /tmp/ls
+    python -m benchmarks.translation breakdown /tmp/ls/long-small/bin \
         --path /tmp/ls/long-small/*_r0/checkpoint_last.pt --len 60
 """
 
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.commands import exit_status
 from benchmarks.fresh_process import call_in_fresh_process
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules import sparse_multihead_attention
@@ -162,7 +161,3 @@ def main():
             f"{result['normalize_s']:.2f} | {result['normalize_s'] / result['wall_s']:.0%} | {per_call} |",
             flush=True,
         )
-
-
-if __name__ == "__main__":
-    sys.exit(exit_status(main))

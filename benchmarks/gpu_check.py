@@ -38,18 +38,19 @@ BUDGET_S = {"cuda": 520, "cpu": 600}
 
 # name: (what it runs, its time limit in seconds, whether it reads --data). In the command,
 # {device}, {data}, {work} and {json} stand for the run's; each benchmark writes its --json.
+TRAINING = "python -m benchmarks.translation training --device {device} --data {data}"
 STEPS = {
     "cuda-tests": ("python -m pytest -m cuda tests", 150, True),
     **{
-        f"normalizers-{dtype}": (f"python -m benchmarks.normalizers --device {{device}} --dtype {dtype}", 60, False)
+        f"normalizers-{dtype}": (
+            f"python -m benchmarks.maps normalizers --device {{device}} --dtype {dtype}",
+            60,
+            False,
+        )
         for dtype in ("float32", "bfloat16", "float16")
     },
-    "training": ("python -m benchmarks.training --device {device} --data {data} --work-dir {work}", 150, True),
-    "training-compiled": (
-        "python -m benchmarks.training --device {device} --data {data} --work-dir {work} --compile --only-compiled",
-        150,
-        True,
-    ),
+    "training": (f"{TRAINING} --work-dir {{work}}", 150, True),
+    "training-compiled": (f"{TRAINING} --work-dir {{work}} --compile --only-compiled", 150, True),
     "attention": ("python -m benchmarks.attention --device {device} --settings raw --causal causal", 100, False),
     "huggingface": ("python -m benchmarks.huggingface --device {device}", 80, False),
 }

@@ -34,9 +34,9 @@ allocator setting makes every large allocation fault its pages in, which slows a
 more than the normalizers differ (benchmarks/normalizers.py and benchmarks/training.py time
 them).
 
-    python -m benchmarks.long_inputs                      # CPU, both settings
-    python -m benchmarks.long_inputs --device cuda        # on a GPU
-    python -m benchmarks.long_inputs --settings layer --rounds 1   # quick look
+    python -m benchmarks.translation long-inputs                      # CPU, both settings
+    python -m benchmarks.translation long-inputs --device cuda        # on a GPU
+    python -m benchmarks.translation long-inputs --settings layer --rounds 1   # quick look
 """
 
 import argparse
@@ -317,7 +317,3 @@ def main():
             f"{args.device}; median of {args.rounds} processes\n"
         )
         print(table(results, args.device), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -23,7 +23,7 @@ alpha stays float32, as SparseMultiheadAttention gives it. --clock cpu times the
 time instead of the wall time: at --threads 1, steady on a machine that other jobs share.
 --json also writes every figure to a file.
 
-Run:  python -m benchmarks.normalizers [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
+Run:  python -m benchmarks.maps normalizers [--device cuda] [--rounds N] [--shapes 32x512x512 ...]
           [--path {early-exit,sync-free,compiled}] [--dtype {float32,bfloat16,float16}] [--json FILE]
           [--ours-only] [--no-memory] [--clock {wall,cpu}]
 """
@@ -525,7 +525,3 @@ def main():
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
             f.write("\n")
-
-
-if __name__ == "__main__":
-    main()

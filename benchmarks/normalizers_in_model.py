@@ -10,9 +10,9 @@ in shuffled order batch by batch, so that a slower minute of the machine slows b
 Reported: the time of the working tree's version over the other's, in total and as the median
 of the per-batch ratios. Timing the same version against itself gives the noise.
 
-    python -m benchmarks.training --settings long-small --rounds 1 --models alpha_entmax \\
+    python -m benchmarks.translation training --settings long-small --rounds 1 --models alpha_entmax \\
         --work-dir /tmp/ls
-    python -m benchmarks.normalizers_in_model /tmp/ls/long-small/bin \\
+    python -m benchmarks.maps in-model /tmp/ls/long-small/bin \\
         --path /tmp/ls/long-small/alpha_entmax_r0/checkpoint_last.pt --against cbb67b9 --threads 2
 """
 
@@ -215,7 +215,3 @@ def main():
         model.eval()
         seconds = time_side_by_side(versions, modules, test_batches, args.rounds, beam_search, CLOCKS[args.clock])
         print(f"beam search (beam 5, {args.gen_len} tokens):", *ratios(seconds, args.against), sep="\n  ")
-
-
-if __name__ == "__main__":
-    main()

@@ -13,7 +13,7 @@ round, in an order shuffled per round, medians reported; peak memory is what one
 forward+backward adds to the process at its peak (the gradient, the probabilities kept for
 the backward and every temporary).
 
-Run:  python -m benchmarks.output_loss [--rounds N] [--shapes 4096x8000 ...] [--threads N]
+Run:  python -m benchmarks.maps losses [--rounds N] [--shapes 4096x8000 ...] [--threads N]
 """
 
 import argparse
@@ -164,7 +164,3 @@ def main():
         "ratios < 1 mean faster or smaller"
     )
     print(format_table(results))
-
-
-if __name__ == "__main__":
-    main()

@@ -22,9 +22,9 @@ same first batch in both runs, so it cancels. After a round's models are trained
 generation runs are interleaved (A, B, C, D, A, B, ...) and the median is kept: a run takes
 seconds, and a machine's speed drifts from one to the next (benchmarks/RESULTS.md).
 
-    python -m benchmarks.training                     # CPU, both settings
-    python -m benchmarks.training --device cuda --fp16 --compile   # on a GPU
-    python -m benchmarks.training --settings long-small --rounds 1 --updates 10   # quick look
+    python -m benchmarks.translation training                     # CPU, both settings
+    python -m benchmarks.translation training --device cuda --fp16 --compile   # on a GPU
+    python -m benchmarks.translation training --settings long-small --rounds 1 --updates 10   # quick look
 """
 
 import argparse
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.commands import BIN, exit_status
+from benchmarks.commands import BIN
 from benchmarks.commands import run as run_command
 from benchmarks.machine import describe
 from fairseq_entmax import USER_DIR
@@ -654,8 +654,3 @@ def main():
     }
     for name in args.settings:
         measure_setting(bench, name, work_root / name, report)
-
-
-if __name__ == "__main__":
-    # A failed fairseq command: its message and the end of its output, exit status 1.
-    sys.exit(exit_status(main))

@@ -1,27 +1,62 @@
 """The benchmarks run as modules of the benchmarks package (`python -m benchmarks.NAME`, from
-the repository root): every such command in the Makefile and the Markdown names a module that
-exists, and none runs a benchmark as a script by its path, which would not import the package."""
+the repository root): five programs, every such command in the Makefile and the Markdown names
+one of them and a measurement it has, and none runs a benchmark as a script by its path, which
+would not import the package."""
 
 import ast
+import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "Makefile", *ROOT.glob("*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/*")]
 
 
-def test_every_benchmark_command_names_a_module_of_the_package():
+PROGRAMS = {"maps", "attention", "translation", "huggingface", "gpu_check"}
+
+
+def test_five_programs_and_every_command_names_one_and_its_measurement():
+    programs = {
+        path.stem for path in (ROOT / "benchmarks").glob("*.py") if "__main__" in path.read_text(encoding="utf-8")
+    }
+    # cuda_peak_memory is the training measurement's wrapper of fairseq-train on a GPU, not a program.
+    assert programs - {"cuda_peak_memory"} == PROGRAMS
+    measurements = {
+        program: importlib.import_module(f"benchmarks.{program}").MEASUREMENTS for program in ("maps", "translation")
+    }
     named = {
-        (path.name, module)
+        (path.name, program, measurement)
         for path in DOCUMENTS
         if path.suffix in ("", ".md", ".py", ".sh")
-        for module in re.findall(r"-m benchmarks\.([a-z][a-z0-9_]*)", path.read_text(encoding="utf-8"))
+        for program, measurement in re.findall(
+            r"-m benchmarks\.([a-z][a-z0-9_]*)(?: ([a-z][a-z-]*))?", path.read_text(encoding="utf-8")
+        )
     }
-    assert {module for _, module in named} >= {"normalizers", "compare_revisions", "gpu_check", "training"}
-    missing = sorted(
-        (document, module) for document, module in named if not (ROOT / "benchmarks" / f"{module}.py").exists()
+    assert {program for _, program, _ in named} >= PROGRAMS - {"huggingface"}
+    wrong = sorted(
+        (document, program, measurement)
+        for document, program, measurement in named
+        if program not in PROGRAMS | {"cuda_peak_memory"}
+        or (program in measurements and measurement and measurement not in measurements[program])
     )
-    assert not missing, missing
+    assert not wrong, wrong
+
+
+def test_a_program_lists_its_measurements_and_refuses_an_unknown_one():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.maps", "nothing"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "normalizers" in proc.stderr and "against" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.translation", "breakdown", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m benchmarks.translation breakdown")
 
 
 def test_no_benchmark_is_run_by_its_path():

@@ -1,7 +1,7 @@
 """What the in-model benchmarks give a user on their inputs: normalizers_in_model times a
 trained model's batches with the working tree's normalizers against a commit's (here the
 commit checked out, so the ratios are the noise about 1), and refuses a test set too small
-for its batches with one line; benchmarks.training refuses a work folder that holds an
+for its batches with one line; the training benchmark refuses a work folder that holds an
 earlier run before it writes anything."""
 
 import re
@@ -16,14 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_TED = ROOT.parent / "shared" / "data" / "iwslt16_de_en_sample"
 
 
-def benchmark(module, *arguments):
-    return run([sys.executable, "-m", f"benchmarks.{module}", *arguments], check=False, cwd=ROOT)
+def benchmark(program, measurement, *arguments):
+    return run([sys.executable, "-m", f"benchmarks.{program}", measurement, *arguments], check=False, cwd=ROOT)
 
 
 def in_model(model, *arguments):
     """normalizers_in_model on a tiny trained model against HEAD, one round of short batches."""
     return benchmark(
-        "normalizers_in_model", model.data_bin, "--path", model.checkpoint, "--against", "HEAD",
+        "maps", "in-model", model.data_bin, "--path", model.checkpoint, "--against", "HEAD",
         "--max-tokens", 256, "--gen-len", 4, "--rounds", 1, *arguments,
     )  # fmt: skip
 
@@ -55,7 +55,7 @@ def test_training_benchmark_refuses_a_work_dir_with_an_earlier_run(tmp_path):
     work = tmp_path / "work"
     (work / "tiny" / "bin").mkdir(parents=True)
     (work / "tiny" / "bin" / "dict.de.txt").write_text("earlier 1\n")
-    proc = benchmark("training", "--data", SHARED_TED, "--settings", "tiny", "--work-dir", work)
+    proc = benchmark("translation", "training", "--data", SHARED_TED, "--settings", "tiny", "--work-dir", work)
     assert proc.returncode == 2
     message = proc.stderr.strip().splitlines()[-1]
     assert message.endswith(f"error: --work-dir {work} holds an earlier run: give an empty or new folder, or remove it")

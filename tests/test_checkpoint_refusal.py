@@ -1,7 +1,7 @@
 """A checkpoint carrying a payload that would run code is refused wherever a checkpoint is
 read, and nothing of it runs: fairseq-train resuming (--restore-file, checkpoint_last.pt in
 --save-dir), fairseq-generate, -interactive, -validate, fairseq-entmax-analyze (its --user-dir
-naming the package folder, USER_DIR or nothing), python -m benchmarks.generation_speed, the hub
+naming the package folder, USER_DIR or nothing), python -m benchmarks.translation generation, the hub
 interface and the recipes' checkpoint averaging. The commands end with exit status 2 and a
 message naming the file, no traceback.
 
@@ -155,8 +155,8 @@ COMMANDS = {
             (" --user-dir USER_DIR", ["--user-dir", USER_DIR]),
         )
     },
-    "python -m benchmarks.generation_speed": lambda c, m, t: (
-        [sys.executable, "-m", "benchmarks.generation_speed", "--data-bin", m.data_bin, f"payload={c}"],
+    "python -m benchmarks.translation generation": lambda c, m, t: (
+        [sys.executable, "-m", "benchmarks.translation", "generation", "--data-bin", m.data_bin, f"payload={c}"],
         c,
     ),
 }

@@ -1,4 +1,4 @@
-"""What `make bench-compare REF=...` (python -m benchmarks.compare_revisions) gives its user: fresh
+"""What `make bench-compare REF=...` (python -m benchmarks.maps against) gives its user: fresh
 processes alternating between the working tree and REF, every normalizer's time on both sides
 with their ratio, an exit status for a ratio over --max-ratio, and a bad REF refused in one line."""
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def compare(*arguments):
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare_revisions", *arguments],
+        [sys.executable, "-m", "benchmarks.maps", "against", *arguments],
         capture_output=True,
         text=True,
         timeout=600,

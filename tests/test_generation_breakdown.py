@@ -1,4 +1,4 @@
-"""What `python -m benchmarks.generation_breakdown` gives its user: per checkpoint, one row with
+"""What `python -m benchmarks.translation breakdown` gives its user: per checkpoint, one row with
 the normalizers it ran, fairseq-generate's wall time, the part spent in the normalizers and
 the mean time of a call per attention type; and a missing checkpoint refused before any run."""
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 
 def breakdown(*arguments):
-    return run([sys.executable, "-m", "benchmarks.generation_breakdown", *arguments], check=False, cwd=ROOT)
+    return run([sys.executable, "-m", "benchmarks.translation", "breakdown", *arguments], check=False, cwd=ROOT)
 
 
 def test_each_checkpoint_gets_a_row_with_its_normalizer_time(trained_model):

@@ -1,4 +1,4 @@
-"""What `python -m benchmarks.generation_speed` gives its user: the models' fairseq-generate runs
+"""What `python -m benchmarks.translation generation` gives its user: the models' fairseq-generate runs
 interleaved over rounds, each model's median sentences/s and tokens/s with its ratio to the
 baseline, the figures of every round in the JSON; and a bad model argument refused before any
 translation, saying what to give."""
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def speed(*arguments):
     return subprocess.run(
-        [sys.executable, "-m", "benchmarks.generation_speed", *map(str, arguments)],
+        [sys.executable, "-m", "benchmarks.translation", "generation", *map(str, arguments)],
         capture_output=True,
         text=True,
         timeout=600,

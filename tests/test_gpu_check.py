@@ -40,11 +40,14 @@ def test_without_cuda_it_stops_at_once_with_status_2_and_says_what_it_would_run(
     assert "no CUDA device was found" in proc.stderr
     listed = re.findall(r"^\s+\d+\. ([\w-]+): .+ \(at most \d+ s\)$", proc.stderr, flags=re.M)
     assert listed == list(gpu_check.STEPS)
-    assert "python -m pytest -m cuda tests" in proc.stderr and "benchmarks.training --device cuda" in proc.stderr
+    assert (
+        "python -m pytest -m cuda tests" in proc.stderr
+        and "benchmarks.translation training --device cuda" in proc.stderr
+    )
     assert not out.exists(), "it wrote a report of steps it did not run"
 
 
-# Runs benchmarks.normalizers and a pytest that fails at once.
+# Runs the normalizer benchmark and a pytest that fails at once.
 @pytest.mark.slow
 def test_cpu_tiny_run_reports_its_steps_and_records_a_failure_without_stopping(tmp_path, capsys):
     data = tmp_path / "data"
