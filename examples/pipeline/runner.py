@@ -4,7 +4,7 @@ naming the function). `--dry-run` prints the lines; a run executes the steps in 
 
 A run appends what it executed to <work>/commands.log (tools.recording_commands): each command
 exactly as it ran (from `tools.run_logged`, the one place that runs commands) and each Python
-step it called. A fresh
+step it completed. A fresh
 run's log therefore equals its dry run's lines, which the tests check; a rerun lists only what
 it did again."""
 
@@ -82,6 +82,7 @@ def run_steps(steps):
     for step in steps:
         if step.skip is not None and step.skip():
             continue
+        step.action()
+        # A command step's command is recorded by run_logged as it starts; a Python step once done.
         if not step.is_command:
             tools.record_command(step.line)
-        step.action()

@@ -26,26 +26,26 @@ def bin_dir():
     return Path(os.environ.get("FAIRSEQ_ENTMAX_BIN") or Path(sys.executable).parent)
 
 
-# The file the commands run are appended to, while a program records them (recording_commands).
-_commands_log = None
+# While a program records what it runs (recording_commands): the commands log, and the header
+# line still to be written before the first line recorded.
+_recording = None
 
 
 @contextlib.contextmanager
 def recording_commands(path):
     """Within the block, append every command run_logged runs, and each record_command line,
-    to a file, after a line "# run of <date and time>".
+    to a file, after a line "# run of <date and time>". The file (and its folder) is made at
+    the first line recorded: a run that fails before doing anything leaves nothing behind.
 
     Args:
-        path: the file (its folder is made if missing).
+        path: the file.
     """
-    global _commands_log
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    previous, _commands_log = _commands_log, Path(path)
-    record_command(f"# run of {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    global _recording
+    previous, _recording = _recording, {"path": Path(path), "header": f"# run of {time.strftime('%Y-%m-%d %H:%M:%S')}"}
     try:
         yield
     finally:
-        _commands_log = previous
+        _recording = previous
 
 
 def record_command(line):
@@ -54,9 +54,12 @@ def record_command(line):
     Args:
         line: the line.
     """
-    if _commands_log is not None:
-        with open(_commands_log, "a", encoding="utf-8") as out:
-            out.write(line + "\n")
+    if _recording is None:
+        return
+    path, header = _recording["path"], _recording.pop("header", None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as out:
+        out.write((f"{header}\n" if header else "") + line + "\n")
 
 
 class PipelineError(Exception):
