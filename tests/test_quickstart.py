@@ -292,3 +292,7 @@ def test_quickstart_sizes_own_corpus_prints_the_plan_and_stops_on_the_patience(t
     assert "Every model stopped on the patience" in output and "compares unconverged models" not in output
     # Each model's own rate, beside the timed one, once it is trained.
     assert f"softmax [1/1]: {row['updates']} updates in " in output and f"(timed first updates: {rate:.2f})" in output
+    # A rerun neither times nor trains the trained model again: nothing is left to estimate.
+    again = run([*QUICKSTART, *options, "--lr", "1e-12", "--work-dir", work], timeout=600, cwd=REPO).stdout
+    assert "timing its first" not in again and "] plan: " not in again and "already trained" in again
+    assert json.loads((work / "results.json").read_text()) == [row]

@@ -198,7 +198,7 @@ def estimated_seconds(updates, rates):
 
     Args:
         updates: training updates per model.
-        rates: {normalizer: seconds per update on this machine} (time_first_updates), one per model.
+        rates: {normalizer: seconds per update on this machine} (timing_steps), one per model.
 
     Returns:
         The estimate in seconds, for all models together.
@@ -207,7 +207,8 @@ def estimated_seconds(updates, rates):
 
 
 def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
-    """Steps that time each normalizer's first updates on this machine.
+    """Steps that time each normalizer's first updates on this machine; a rerun skips those of
+    the models trained already.
 
     Args:
         data_bin: the run's data-bin.
@@ -238,7 +239,8 @@ def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
             output = run_logged(command, log_path, env=threads_env(threads)).output
             rates[normalizer] = timed_rate(output, log_path)
 
-        steps.append(command_step(command, time_it))
+        trained = work / "models" / f"{normalizer}-seed1" / "train.done"
+        steps.append(command_step(command, time_it, skip=trained.exists))
     return steps
 
 
@@ -286,7 +288,7 @@ def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, pati
         counts: {split: number of pairs} of the corpus.
         training_tokens: what a pass over the training data costs (count_training_tokens).
         rates: {normalizer: seconds per update} of the models to train, timed on this machine
-            (time_first_updates).
+            (timing_steps).
         max_update_given: whether --max-update set the cap (the plan says so).
         patience: the epochs without a better validation accuracy that stop a model (0: none).
         threads: fairseq-train's threads (training_threads).
@@ -616,7 +618,7 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
     for i, normalizer in enumerate(args.models, 1):
         model = Model(normalizer, 1, label=f"{normalizer} [{i}/{len(args.models)}]", threads=args.threads)
         yield from model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=cpu)
-        if sized and rows and rows[-1]["updates"]:
+        if normalizer in rates and rows and rows[-1]["updates"]:
             row = rows[-1]
             log(
                 f"{model.shown}: {row['updates']} updates in {format_seconds(row['train_seconds'])}, "
@@ -650,7 +652,9 @@ def plan_step(args, work, size, patience, corpus, rates):
         for line in own_corpus_plan(size, corpus.counts, tokens, rates, bool(args.max_update), patience, threads):
             log(line)
 
-    return call_step("# plan: sizes and the estimate at the timed rates (quickstart.own_corpus_plan)", show_plan)
+    # Skipped when every model is trained: nothing is left to estimate.
+    line = "# plan: sizes and the estimate at the timed rates (quickstart.own_corpus_plan)"
+    return call_step(line, show_plan, skip=lambda: not rates)
 
 
 def analysis_step(args, work, data_bin, rows, select):
