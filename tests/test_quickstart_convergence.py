@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from examples.quickstart.convergence import patience_stop
-from helpers import run, write_tiny_corpus
+from helpers import assert_run_executed_its_dry_run, run, write_tiny_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERGENCE = (sys.executable, "-m", "examples.quickstart.convergence")
@@ -53,11 +53,12 @@ def test_each_size_gets_a_row_read_from_its_validation_curve(tmp_path):
         "passes_at_stop": 11.8, "passes_at_best": 7.4,
     }  # fmt: skip
     (work / "convergence.json").write_text(json.dumps([earlier]))
-    proc = run(
-        [*CONVERGENCE, "--data", raw, "--src", "src", "--tgt", "tgt", "--sizes", 200, "--models", "softmax",
-         "--tiny", "--max-update", 200, "--work-dir", work],
-        timeout=600, cwd=REPO,
-    )  # fmt: skip
+    options = ["--data", raw, "--src", "src", "--tgt", "tgt", "--sizes", 200, "--models", "softmax", "--tiny",
+               "--max-update", 200]  # fmt: skip
+    proc = run([*CONVERGENCE, *options, "--work-dir", work], timeout=600, cwd=REPO)
+    # What ran is what its dry run prints: the subset, the quickstart's command, the rows.
+    [executed] = assert_run_executed_its_dry_run(CONVERGENCE, options, work)
+    assert executed[1].split()[1:3] == ["-m", "examples.quickstart.quickstart"]
     rows = json.loads((work / "convergence.json").read_text())
     assert [(row["pairs"], row["model"]) for row in rows] == [(200, "softmax"), (400, "softmax")]
     row, kept = rows

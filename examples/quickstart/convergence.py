@@ -13,7 +13,8 @@ estimate needs. Runs go to --work-dir/N-pairs/; a second run reuses what the fir
         --sizes 5000 10000 19689 --models softmax alpha_entmax --threads 1
 
 Prints one row per corpus size and model, with the rows of earlier runs in the same --work-dir
-for other sizes or models, and writes them all to --work-dir/convergence.json.
+for other sizes or models, and writes them all to --work-dir/convergence.json. --dry-run prints
+the steps (each size's subset, quickstart command and rows) and runs nothing.
 """
 
 import argparse
@@ -22,8 +23,9 @@ import sys
 from pathlib import Path
 
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds
-from examples.pipeline.tools import PipelineError, log, run_logged, run_reporting_errors
+from examples.pipeline.tools import PipelineError, log, recording_commands, run_logged, run_reporting_errors
 from examples.quickstart.quickstart import NORMALIZERS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,47 +104,67 @@ def write_subset(files, n_pairs, into):
                 target.write_text(text, encoding="utf-8")
 
 
-def run_quickstart(args, files, n_pairs):
-    """The quickstart on the first n_pairs training pairs of the corpus `files`, its progress
-    shown as it comes.
+def convergence_steps(args, files, rows):
+    """For each size: its subset written, the quickstart run on it, and its rows read from the
+    models' validation curves.
+
+    Args:
+        args: the command line.
+        files: {split: (source file, target file)} of the corpus.
+        rows: the list the row steps append to, one row per size and model (convergence.json's).
 
     Returns:
-        The quickstart's work folder.
+        The Steps, a list.
     """
-    folder = args.work_dir / f"{n_pairs}-pairs"
-    write_subset(files, n_pairs, folder / "data")
-    work = folder / "quickstart"
-    command = [
-        sys.executable, "-m", "examples.quickstart.quickstart",
-        "--data", folder / "data", "--src", args.src, "--tgt", args.tgt, "--work-dir", work,
-        "--models", *args.models, "--max-update", args.max_update, "--patience", args.patience,
-        *(["--threads", args.threads] if args.threads else []), *(["--tiny"] if args.tiny else []),
-    ]  # fmt: skip
-    log(f"{n_pairs} pairs: the quickstart in {work}")
-    run_logged(command, folder / "quickstart.log", show=lambda line: line.rstrip(), cwd=REPO)
-    return work
+    steps = []
+    for n_pairs in args.sizes:
+        folder = args.work_dir / f"{n_pairs}-pairs"
+        data, work = folder / "data", folder / "quickstart"
+        command = [
+            sys.executable, "-m", "examples.quickstart.quickstart",
+            "--data", data, "--src", args.src, "--tgt", args.tgt, "--work-dir", work,
+            "--models", *args.models, "--max-update", args.max_update, "--patience", args.patience,
+            *(["--threads", args.threads] if args.threads else []), *(["--tiny"] if args.tiny else []),
+        ]  # fmt: skip
+        command = [str(part) for part in command]
+
+        def quickstart(n_pairs=n_pairs, command=command, folder=folder):
+            log(f"{n_pairs} pairs: the quickstart in {folder / 'quickstart'}")
+            run_logged(command, folder / "quickstart.log", show=lambda line: line.rstrip(), cwd=REPO)
+
+        steps += [
+            call_step(
+                f"# subset: the first {n_pairs} training pairs of {args.data}, valid and test whole -> {data} "
+                "(convergence.write_subset)",
+                lambda n_pairs=n_pairs, data=data: write_subset(files, n_pairs, data),
+            ),
+            command_step(command, quickstart),
+            call_step(
+                f"# rows: each model's validation curve in {work / 'models'} (convergence.size_rows)",
+                lambda n_pairs=n_pairs, work=work: rows.extend(size_rows(args, n_pairs, work)),
+            ),
+        ]
+    return steps
 
 
-def measure(args, files):
-    """Every size through the quickstart, then one row per size and model.
+def size_rows(args, n_pairs, work):
+    """One row per model of a size's quickstart run.
 
     Returns:
         The rows, as written to convergence.json.
     """
+    batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
+    max_tokens = (SIZES["tiny"] if args.tiny else OWN_CORPUS)["max_tokens"]
+    results = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
     rows = []
-    for n_pairs in args.sizes:
-        work = run_quickstart(args, files, n_pairs)
-        batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
-        max_tokens = (SIZES["tiny"] if args.tiny else OWN_CORPUS)["max_tokens"]
-        results = {row["model"]: row for row in json.loads((work / "results.json").read_text())}
-        for model in args.models:
-            row = {"pairs": n_pairs, "batch_tokens_per_pass": batch_tokens, "model": model}
-            row.update(model_row(work / "models" / f"{model}-seed1", args.patience))
-            # Passes over the training data, as the quickstart sizes its cap in them.
-            row["passes_at_stop"] = row["updates"] * max_tokens / batch_tokens
-            row["passes_at_best"] = row["best_update"] * max_tokens / batch_tokens
-            row["bleu"] = results[model]["bleu"]
-            rows.append(row)
+    for model in args.models:
+        row = {"pairs": n_pairs, "batch_tokens_per_pass": batch_tokens, "model": model}
+        row.update(model_row(work / "models" / f"{model}-seed1", args.patience))
+        # Passes over the training data, as the quickstart sizes its cap in them.
+        row["passes_at_stop"] = row["updates"] * max_tokens / batch_tokens
+        row["passes_at_best"] = row["best_update"] * max_tokens / batch_tokens
+        row["bleu"] = results[model]["bleu"]
+        rows.append(row)
     return rows
 
 
@@ -187,6 +209,7 @@ def parse_args(argv=None):
         "--work-dir", type=Path, default=REPO / "runs" / "convergence", help="default: runs/convergence"
     )
     parser.add_argument("--tiny", action="store_true", help="the quickstart's --tiny model sizes, for tests")
+    parser.add_argument("--dry-run", action="store_true", help="print every step, one per line, and run nothing")
     args = parser.parse_args(argv)
     if args.patience < 1:
         parser.error("--patience must be at least 1: the measurement is of where it stops")
@@ -196,13 +219,18 @@ def parse_args(argv=None):
 
 
 def run(args):
-    """Check the corpus, measure, print and write the table."""
+    """Check the corpus, then measure (or, with --dry-run, print the steps), print and write the
+    table. What ran is appended to --work-dir/commands.log."""
     files = {split: (args.data / f"{split}.{args.src}", args.data / f"{split}.{args.tgt}") for split in SPLITS}
     available = check_parallel_corpus(files)["train"]
     if max(args.sizes) > available:
         raise PipelineError(f"--sizes {max(args.sizes)}: {args.data} has {available} training pairs")
-    args.work_dir = args.work_dir.resolve()
-    rows = measure(args, files)
+    args.work_dir, rows = args.work_dir.resolve(), []
+    if args.dry_run:
+        dry_run(convergence_steps(args, files, rows), f"# convergence of the quickstart; work dir {args.work_dir}")
+        return
+    with recording_commands(args.work_dir / "commands.log"):
+        run_steps(convergence_steps(args, files, rows))
     # Rows of earlier runs for other sizes or models stay: one table for every measurement.
     record = args.work_dir / "convergence.json"
     measured = {(row["pairs"], row["model"]) for row in rows}
