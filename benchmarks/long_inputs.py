@@ -297,7 +297,7 @@ def main():
     from benchmarks.machine import describe  # torch in this process only for the report
 
     print(f"machine: {describe(args.device)}", flush=True)
-    print(f"command: python {' '.join(sys.argv)}", flush=True)
+    print(f"command: {' '.join(sys.argv)}", flush=True)
     for setting_name in args.settings:
         runs = {label: [] for label, _ in ROWS}
         for round_ in range(args.rounds):

@@ -509,7 +509,7 @@ def main():
         "ratios < 1 mean ours is faster"
     )
     print(f"machine: {machine_description(device)}")
-    print(f"command: python {' '.join(sys.argv)}")
+    print(f"command: {' '.join(sys.argv)}")
     print(about)
     print(format_table(results, not args.no_memory))
     if args.json:

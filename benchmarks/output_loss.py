@@ -158,7 +158,7 @@ def main():
         memory = {shape: memory_shape(shape, release_free_memory) for shape in shapes}
     results = {shape: (times, memory.get(shape, {}), losses) for shape, (times, losses) in timings.items()}
     print(f"machine: {machine_description(torch.device('cpu'))}")
-    print(f"command: python {' '.join(sys.argv)}")
+    print(f"command: {' '.join(sys.argv)}")
     print(
         f"forward+backward of the summed loss, float32 CPU, median of {args.rounds} rounds; "
         "ratios < 1 mean faster or smaller"
