@@ -106,6 +106,7 @@ def dataset_steps(
 
 
 def _tokenize_steps(raw_dir, text_dir, corpus, workers):
+    """The tokenize stage: one Python step, Moses on every file (skipped when done)."""
     src, tgt, marker = corpus["src"], corpus["tgt"], text_dir / "tokenize.done"
 
     def tokenize():
@@ -125,6 +126,8 @@ def _tokenize_steps(raw_dir, text_dir, corpus, workers):
 
 
 def _bpe_steps(text_dir, bpe_dir, settings, workers):
+    """The bpe stage: the joint training text, learn-bpe, apply-bpe on every file and the
+    cleaning, each skipped when the stage is done; the last marks it done."""
     src, tgt, merges, clean = settings["src"], settings["tgt"], settings["merges"], settings["clean"]
     marker, codes, bpe_log = bpe_dir / "bpe.done", bpe_dir / "codes", bpe_dir / "bpe.log"
     joint = bpe_dir / "codes.joint-train.txt"

@@ -4,9 +4,8 @@ naming the function). `--dry-run` prints the lines; a run executes the steps in 
 
 A run appends what it executed to <work>/commands.log (tools.recording_commands): each command
 exactly as it ran (from `tools.run_logged`, the one place that runs commands) and each Python
-step it completed. A fresh
-run's log therefore equals its dry run's lines, which the tests check; a rerun lists only what
-it did again."""
+step it completed. A fresh run's log therefore equals its dry run's lines, which the tests
+check; a rerun lists only what it did again."""
 
 import shlex
 from dataclasses import dataclass
