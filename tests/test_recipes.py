@@ -812,7 +812,7 @@ def _select_among_averages(work, normalizer, ends, monkeypatch):
     def train(data_bin, save_dir, *args, **kwargs):
         markers.mark_done(save_dir / "train.done", {"seconds": 12.0})
 
-    monkeypatch.setattr(selection, "train", train)
+    monkeypatch.setattr(training, "train", train)
     layout = SimpleNamespace(
         work=work,
         data_bin=Path("data-bin"),

@@ -8,6 +8,7 @@ from pathlib import Path
 from fairseq_entmax import USER_DIR
 
 from .markers import done_with_same_settings, fingerprint, mark_done
+from .runner import command_step
 from .tools import bin_dir, log, run_logged, threads_env
 
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
@@ -115,3 +116,25 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
             "specialised_heads": {kind: _heads_listed(model, kind) for kind in SPECIALISED_HEADS},
         }
     return summary
+
+
+def analysis_step(data_bin, checkpoints, subset, out_dir, log_path, then, num_sentences=None, threads=None):
+    """The analysis as a runner Step: its command, run by `analyze`.
+
+    Args:
+        data_bin: the data-bin the models were trained on.
+        checkpoints: {label: checkpoint path}.
+        subset: the subset to run the models over.
+        out_dir: where the analysis is written.
+        log_path: the command's log, appended to.
+        then: called with analyze's result, e.g. to add it to the result rows.
+        num_sentences: analyze only that many sentences (None: all).
+        threads: CPU threads of fairseq-entmax-analyze (None: torch's choice).
+
+    Returns:
+        A Step.
+    """
+    command = analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences)
+    return command_step(
+        command, lambda: then(analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences, threads))
+    )

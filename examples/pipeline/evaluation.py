@@ -8,11 +8,11 @@ from fairseq_entmax import USER_DIR
 
 from .checkpoints import averaged_checkpoint
 from .corpus import read_lines
-from .markers import done_with_same_settings, fingerprint, is_done, mark_done, read_done
+from .markers import done_with_same_settings, fingerprint, is_done, mark_done
 from .runner import call_step, command_step
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
 from .tools import ToolError, log, run_logged, threads_env, tool
-from .training import train, train_command, training_summary
+from .training import trained_seconds, training_step, training_summary
 
 
 @dataclass(frozen=True)
@@ -247,12 +247,7 @@ def model_steps(
     """
     cpu, label, threads = options.get("cpu", False), model.shown, model.threads
     save_dir = Path(work) / "models" / model.name
-    training = train_command(data_bin, save_dir, model.normalizer, settings, model.seed, cpu)
-    steps = [
-        command_step(
-            training, lambda: train(data_bin, save_dir, model.normalizer, settings, model.seed, label, threads, cpu)
-        )
-    ]
+    steps = [training_step(data_bin, save_dir, model, settings, cpu)]
     for select in selections:
         checkpoint = save_dir / f"checkpoint_{select}.pt"
         if select == "average":
@@ -298,6 +293,6 @@ def _result_row(model, select, translation, references):
         "checkpoint": str(translation.checkpoint),
         "hypotheses": str(translation.out_dir / "test.hyp"),
         **scores,
-        "train_seconds": read_done(save_dir / "train.done")["seconds"],
+        "train_seconds": trained_seconds(save_dir),
         **training_summary(save_dir / "train.log"),
     }

@@ -12,6 +12,7 @@ from fairseq_entmax import USER_DIR
 from fairseq_entmax.names import NORMALIZER_NAMES
 
 from .markers import done_with, is_done, mark_done, read_done
+from .runner import command_step
 from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu
 
 # fairseq's Transformer size options, each given once for the encoder and once for the decoder.
@@ -315,7 +316,7 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
     started, run_settings = save_dir / "train.started", {"normalizer": normalizer, "seed": seed, **asdict(settings)}
     done_with(started, run_settings, f"the {normalizer} model (seed {seed})", defaults=TRAIN_SETTINGS_DEFAULTS)
     if is_done(done):
-        seconds = read_done(done)["seconds"]
+        seconds = trained_seconds(save_dir)
         log(f"{label}: already trained ({seconds:.0f} s), skipping")
         return seconds
     save_dir.mkdir(parents=True, exist_ok=True)
@@ -349,6 +350,31 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
     mark_done(done, {"seconds": seconds})
     log(f"{label}: trained in {seconds:.0f} s")
     return seconds
+
+
+def training_step(data_bin, save_dir, model, settings, cpu):
+    """fairseq-train of one model as a runner Step: its command, run by `train`.
+
+    Args:
+        data_bin: the data-bin.
+        save_dir: fairseq's --save-dir.
+        model: the evaluation.Model (normalizer, seed, label, threads).
+        settings: the TrainSettings.
+        cpu: whether to pass --cpu.
+
+    Returns:
+        A Step.
+    """
+    command = train_command(data_bin, save_dir, model.normalizer, settings, model.seed, cpu)
+    return command_step(
+        command,
+        lambda: train(data_bin, save_dir, model.normalizer, settings, model.seed, model.shown, model.threads, cpu),
+    )
+
+
+def trained_seconds(save_dir):
+    """The training wall time a finished run recorded in its train.done marker, in seconds."""
+    return read_done(Path(save_dir) / "train.done")["seconds"]
 
 
 # fairseq-train's message when --patience stops a run before --max-update.

@@ -24,13 +24,14 @@ the sizes. The toy pair trains every model for a fixed number of updates.
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
 import time
 from pathlib import Path
 
-from examples.pipeline.attention_analysis import analyze, analyze_command
+from examples.pipeline.attention_analysis import analysis_step
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Decoding, Model, References, model_steps
@@ -608,6 +609,7 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
         yield from timing_steps(data_bin, work, settings, args.models, args.threads, cpu, rates)
         yield plan_step(args, work, size, patience, corpus, rates)
 
+    @functools.cache
     def references():
         tok, raw = read_lines(text_dir / f"test.{corpus.tgt}"), read_lines(corpus.files()["test"][1])
         return References(tok, raw, corpus.tgt, tokenized_bleu=own_corpus)
@@ -625,7 +627,7 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
                 f"{row['train_seconds'] / row['updates']:.2f} s per update with validation and checkpoints "
                 f"(timed first updates: {rates[normalizer]:.2f})"
             )
-    yield analysis_step(args, work, data_bin, rows, select)
+    yield model_analysis_step(args, work, data_bin, rows, select)
 
 
 def toy_corpus_step(corpus, size):
@@ -657,19 +659,19 @@ def plan_step(args, work, size, patience, corpus, rates):
     return call_step(line, show_plan, skip=lambda: not rates)
 
 
-def analysis_step(args, work, data_bin, rows, select):
+def model_analysis_step(args, work, data_bin, rows, select):
     """The step of the attention analysis of every model: density and learned alphas for the
     table, figures on disk (fairseq-entmax-analyze)."""
     checkpoints = {name: work / "models" / f"{name}-seed1" / f"checkpoint_{select}.pt" for name in args.models}
 
-    def analyze_models():
-        analysis = analyze(
-            data_bin, checkpoints, "test", work / "analysis", work / "analysis.log", threads=args.threads
-        )
+    def add_to_rows(analysis):
         for row in rows:
             row.update((analysis or {}).get(row["model"], {}))
 
-    return command_step(analyze_command(data_bin, checkpoints, "test", work / "analysis"), analyze_models)
+    out_dir = work / "analysis"
+    return analysis_step(
+        data_bin, checkpoints, "test", out_dir, work / "analysis.log", add_to_rows, threads=args.threads
+    )
 
 
 def write_results(args, work, rows, corpus, max_update, patience):
@@ -684,7 +686,8 @@ def write_results(args, work, rows, corpus, max_update, patience):
         patience: the patience they trained with.
     """
     own_corpus = args.data is not None
-    raw_dir, src, tgt, counts = corpus.raw_dir, corpus.src, corpus.tgt, check_parallel_corpus(corpus.files())
+    counts = corpus.counts or check_parallel_corpus(corpus.files())  # the toy pair's is counted once written
+    raw_dir, src, tgt = corpus.raw_dir, corpus.src, corpus.tgt
     table = format_table(rows, bleu_tok=own_corpus, training=own_corpus)
     signatures = f"BLEU: {rows[0]['bleu_signature']}\nchrF: {rows[0]['chrf_signature']}"
     notes = (

@@ -18,6 +18,7 @@ Resumable: rerun the same command after an interruption; finished models are not
 """
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -28,12 +29,12 @@ from pathlib import Path
 
 from scipy.stats import t as student_t
 
-from examples.pipeline.attention_analysis import analyze, analyze_command
+from examples.pipeline.attention_analysis import analysis_step
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Decoding, Model, References, model_steps
 from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
+from examples.pipeline.runner import call_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds, format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
@@ -325,6 +326,7 @@ def experiment_steps(args, budget, work, rows, done):
     steps += dataset
     settings = budget_settings(budget)
 
+    @functools.cache
     def references():
         tok, raw = read_lines(text_dir / f"test.{TGT}"), read_lines(raw_dir / f"test.{TGT}")
         return References(tok, raw, TGT, retokenize=budget["retokenize"])
@@ -337,17 +339,16 @@ def experiment_steps(args, budget, work, rows, done):
     checkpoints = {
         f"{n}-seed{seed}": work / "models" / f"{n}-seed{seed}" / f"checkpoint_{select}.pt" for n, seed in runs
     }
-    sentences = budget["analysis_sentences"]
 
-    def analyze_models():
-        analysis = analyze(
-            data_bin, checkpoints, "valid", work / "analysis", work / "analysis.log", sentences, args.threads
-        )
+    def add_to_rows(analysis):
         for row in rows:
             row.update((analysis or {}).get(f"{row['model']}-seed{row['seed']}", {}))
 
+    out_dir, sentences = work / "analysis", budget["analysis_sentences"]
     steps.append(
-        command_step(analyze_command(data_bin, checkpoints, "valid", work / "analysis", sentences), analyze_models)
+        analysis_step(
+            data_bin, checkpoints, "valid", out_dir, work / "analysis.log", add_to_rows, sentences, args.threads
+        )
     )
     return steps
 

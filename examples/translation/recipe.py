@@ -38,12 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-from examples.pipeline.attention_analysis import analyze, analyze_command
+from examples.pipeline.attention_analysis import analysis_step
 from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from examples.pipeline.dataset import dataset_steps
 from examples.pipeline.evaluation import Model
 from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
+from examples.pipeline.runner import call_step, dry_run, run_steps
 from examples.pipeline.tables import format_seconds
 from examples.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 from examples.translation.corpora import download
@@ -432,7 +432,7 @@ def dataset_steps_of(args, plan):
     return steps
 
 
-def analysis_step(args, plan):
+def seed_analysis_step(args, plan):
     """The analyze stage: fairseq-entmax-analyze on the validation set, as the paper, over the
     first seed's models.
 
@@ -450,21 +450,13 @@ def analysis_step(args, plan):
     }
     sentences = args.analysis_sentences or (100 if args.smoke else None)
 
-    def run_analysis():
-        analysis = analyze(
-            layout.data_bin,
-            checkpoints,
-            "valid",
-            layout.analysis,
-            layout.work / f"analysis-seed{args.seed[0]}.log",
-            num_sentences=sentences,
-        )
+    def add_to_rows(analysis):
         for row in plan.rows:
             if row["seed"] == args.seed[0] and row["selection"] == plan.selection.reported:
                 row.update((analysis or {}).get(row["model"], {}))
 
-    command = analyze_command(layout.data_bin, checkpoints, "valid", layout.analysis, sentences)
-    return command_step(command, run_analysis)
+    log_path = layout.work / f"analysis-seed{args.seed[0]}.log"
+    return analysis_step(layout.data_bin, checkpoints, "valid", layout.analysis, log_path, add_to_rows, sentences)
 
 
 def walk(args, plan):
@@ -486,7 +478,7 @@ def walk(args, plan):
         label = f"{normalizer}{f' seed {seed}' if len(args.seed) > 1 else ''} [{i}/{len(models)}]"
         yield from plan.selection.model_steps(plan, Model(normalizer, seed, label))
     if not args.skip_analysis:
-        yield analysis_step(args, plan)
+        yield seed_analysis_step(args, plan)
 
 
 def run(args):

@@ -16,12 +16,11 @@ from pathlib import Path
 from examples.pipeline.checkpoints import average_checkpoints
 from examples.pipeline.corpus import read_lines
 from examples.pipeline.evaluation import References, Translation, model_steps
-from examples.pipeline.markers import read_done
 from examples.pipeline.runner import call_step, command_step
 from examples.pipeline.tables import format_table
 from examples.pipeline.tokenization import detokenize_lines
 from examples.pipeline.tools import PipelineError, ToolError, log
-from examples.pipeline.training import train, train_command
+from examples.pipeline.training import trained_seconds, training_step
 
 # The selected average, a symbolic link in the model's folder: the test set is translated with it.
 SELECTED = "checkpoint_selected.pt"
@@ -285,7 +284,7 @@ def _selected_row(model, test, chosen, plan):
         "checkpoint": str(test.checkpoint),
         "hypotheses": str(test.out_dir / "test.hyp"),
         **scores,
-        "train_seconds": read_done(save_dir / "train.done")["seconds"],
+        "train_seconds": trained_seconds(save_dir),
     }
 
 
@@ -346,10 +345,7 @@ class EpochAverages:
         layout, work, label, cpu = plan.layout, plan.layout.work, model.shown, plan.cpu
         data_bin, settings = layout.data_bin, plan.settings
         save_dir = layout.save_dir(model.normalizer, model.seed)
-        training = train_command(data_bin, save_dir, model.normalizer, settings, model.seed, cpu)
-        yield command_step(
-            training, lambda: train(data_bin, save_dir, model.normalizer, settings, model.seed, label, cpu=cpu)
-        )
+        yield training_step(data_bin, save_dir, model, settings, cpu)
         n, ends = self.averages(plan)
         valid = {}
         for end in ends:
