@@ -19,54 +19,14 @@ CUDA device, and `requires(available, reason)`, a test that needs what a machine
 it skips without it, and fails without it under CI.
 """
 
-import importlib.util
 import os
 import shutil
-import tempfile
 from collections import namedtuple
-from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-import command_server
 from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
-
-# The command server's process and folder (tests/command_server.py), in a process that runs tests.
-_command_server = {}
-
-
-def pytest_configure(config):
-    """Start the command server that runs this process' fairseq commands without paying for
-    `import fairseq` each time, unless FAIRSEQ_ENTMAX_FRESH_PROCESSES is set. pytest-xdist's
-    controller runs no tests: only its workers start one."""
-    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
-    # A pytest run inside a test (in its process or a child) uses the launchers it inherits.
-    inner = "FAIRSEQ_ENTMAX_BIN" in os.environ
-    if controller or inner or os.environ.get("FAIRSEQ_ENTMAX_FRESH_PROCESSES") or not _fairseq_installed():
-        return
-    folder = Path(tempfile.mkdtemp(prefix="fairseq-entmax-commands-"))
-    server, launchers, _ = command_server.start(folder)
-    os.environ["FAIRSEQ_ENTMAX_BIN"] = str(launchers)
-    _command_server.update(process=server, folder=folder, config=config)
-
-
-def _fairseq_installed():
-    # The suite without fairseq (tests/test_suite_without_fairseq.py) hides it by raising.
-    try:
-        return importlib.util.find_spec("fairseq") is not None
-    except ImportError:
-        return False
-
-
-def pytest_unconfigure(config):
-    """Stop the command server that this run started and remove its folder."""
-    if _command_server.get("config") is config:
-        del os.environ["FAIRSEQ_ENTMAX_BIN"]
-        _command_server["process"].terminate()
-        _command_server["process"].wait()
-        shutil.rmtree(_command_server["folder"], ignore_errors=True)
-        _command_server.clear()
 
 
 def pytest_runtest_setup(item):
@@ -140,7 +100,8 @@ def tiny_data(tmp_path_factory):
     """The tiny corpus, raw and binarized (fairseq-preprocess), made once per test run."""
 
     def make(root):
-        preprocess(write_tiny_corpus(root / "raw"), root / "data-bin")
+        # The console script as a process of its own: the suite's run of it as users run it.
+        preprocess(write_tiny_corpus(root / "raw"), root / "data-bin", process=True)
         return ""
 
     root, _ = _made_once(tmp_path_factory, "tiny_data", make)

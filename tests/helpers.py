@@ -68,17 +68,22 @@ def fairseq_command(name):
     return tool(name)
 
 
-def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
+def run(args, check=True, timeout=None, cwd=None, env=None, input=None, process=False):
     """Run a command through the project's one runner (examples.pipeline.tools.run_logged), its
-    output captured, with one BLAS thread (the suite's commands share the machine's cores).
+    output captured, with one CPU thread (the suite's commands share the machine's cores).
+
+    fairseq's console scripts run in this process, as run_logged runs them, unless `process`
+    (or timeout, env or cwd) asks for a process of their own: a test of the command itself (its
+    exit status, its messages, a real `--user-dir` load) asks for one.
 
     Args:
         args: the command and its arguments.
         check: raise when it exits non-zero.
-        timeout: seconds.
+        timeout: seconds, or None; a command with a time limit runs as a process.
         cwd: the folder it runs in.
         env: environment variables to set on top of this process's.
         input: text typed into its stdin.
+        process: run it as a process of its own (with a 10-minute limit unless timeout says).
 
     Returns:
         The finished command (tools.Finished: returncode, stdout, stderr).
@@ -87,8 +92,9 @@ def run(args, check=True, timeout=600, cwd=None, env=None, input=None):
         ToolError: it failed (with check) or ran past the timeout; the message shows the command
             and the end of its output.
     """
-    threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return run_logged(args, env={**threads, **(env or {})}, cwd=cwd, timeout=timeout, input=input, check=check)
+    if process and timeout is None:
+        timeout = 600
+    return run_logged(args, threads=1, env=env, cwd=cwd, timeout=timeout, input=input, check=check)
 
 
 def train_tiny(data_bin, save_dir, *arguments, model_args=TINY_MODEL_ARGS, **run_options):
@@ -231,8 +237,9 @@ def write_tiny_corpus(directory, n_train=400, n_valid=40, n_test=40, seed=0):
     return directory
 
 
-def preprocess(raw_dir, dest_dir, src="src", tgt="tgt"):
-    """fairseq-preprocess the corpus written by write_tiny_corpus, with a joined dictionary."""
+def preprocess(raw_dir, dest_dir, src="src", tgt="tgt", **run_options):
+    """fairseq-preprocess the corpus written by write_tiny_corpus, with a joined dictionary.
+    run_options are run's (process, ...)."""
     raw_dir = Path(raw_dir)
     run(
         [
@@ -252,7 +259,8 @@ def preprocess(raw_dir, dest_dir, src="src", tgt="tgt"):
             "--joined-dictionary",
             "--workers",
             "1",
-        ]
+        ],
+        **run_options,
     )
     return Path(dest_dir)
 

@@ -9,7 +9,7 @@ from fairseq_entmax import USER_DIR
 
 from .markers import done_with_same_settings, fingerprint, mark_done
 from .runner import command_step
-from .tools import bin_dir, log, run_logged, threads_env
+from .tools import bin_dir, log, run_logged
 
 # The kinds of specialised heads analysis.json lists, as "<kind>_heads".
 SPECIALISED_HEADS = ("positional", "bpe_merging", "interrogation")
@@ -94,7 +94,7 @@ def analyze(data_bin, checkpoints, subset, out_dir, log_path, num_sentences=None
     if not report.exists():
         log(f"analyzing attention of {len(checkpoints)} models on {subset} (fairseq-entmax-analyze)")
         args = analyze_command(data_bin, checkpoints, subset, out_dir, num_sentences)
-        run_logged(args, log_path, env=threads_env(threads))
+        run_logged(args, log_path, threads=threads)
         mark_done(marker, settings=made_with)
     models = {m["name"]: m for m in json.loads(report.read_text())["models"]}
     summary = {}

@@ -11,8 +11,8 @@ from .corpus import read_lines
 from .markers import done_with_same_settings, fingerprint, is_done, mark_done
 from .runner import call_step, command_step
 from .tokenization import SACREBLEU_TOKENIZER, detokenize_lines, scoring_tokenize
-from .tools import ToolError, log, run_logged, threads_env, tool
-from .training import trained_seconds, training_step, training_summary
+from .tools import ToolError, log, run_logged, tool
+from .training import CPU_ARGS, trained_seconds, training_step, training_summary
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Translation:
         if d.max_len:
             args += ["--max-len-a", d.max_len[0], "--max-len-b", d.max_len[1]]
         if self.cpu:
-            args.append("--cpu")
+            args += CPU_ARGS
         return [str(a) for a in args]
 
     def run(self, label="", threads=None):
@@ -161,7 +161,7 @@ class Translation:
             log(f"{label}: the translations in {out_dir} are of another checkpoint or settings")
         log(f"{label}: translating {subset} (beam {d.beam})")
         out_dir.mkdir(parents=True, exist_ok=True)
-        run_logged(self.command, out_dir / "generate.log", env=threads_env(threads))
+        run_logged(self.command, out_dir / "generate.log", threads=threads)
         hypotheses = {}
         for line in read_lines(out_dir / f"generate-{subset}.txt"):
             if line.startswith("H-"):

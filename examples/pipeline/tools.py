@@ -4,6 +4,7 @@ whose message says what is wrong and what to do; a failing tool raises ToolError
 of its log. `run_reporting_errors` turns them into a message and an exit status."""
 
 import contextlib
+import io
 import os
 import queue
 import shlex
@@ -17,13 +18,9 @@ from pathlib import Path
 
 
 def bin_dir():
-    """The folder of the console scripts the stages run (fairseq-train, subword-nmt, ...).
-
-    Returns:
-        FAIRSEQ_ENTMAX_BIN where it is set (the test suite's launchers, tests/command_server.py),
-        else the folder of this Python, a Path.
-    """
-    return Path(os.environ.get("FAIRSEQ_ENTMAX_BIN") or Path(sys.executable).parent)
+    """The folder of the console scripts the stages run (fairseq-train, subword-nmt, ...): the
+    folder of this Python, a Path."""
+    return Path(sys.executable).parent
 
 
 # While a program records what it runs (recording_commands): the commands log, and the header
@@ -130,18 +127,6 @@ def use_cpu():
     return not torch.cuda.is_available()
 
 
-def threads_env(threads):
-    """The environment that gives a fairseq command `threads` CPU threads (OpenMP and MKL).
-
-    Args:
-        threads: the threads, or None for torch's choice.
-
-    Returns:
-        The variables for run_logged's env, or None.
-    """
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else None
-
-
 @dataclass
 class Finished:
     """A command that ran to its end.
@@ -151,14 +136,12 @@ class Finished:
         returncode: its exit status.
         stdout: what it wrote to stdout.
         stderr: what it wrote to stderr.
-        peak_rss_mib: the peak resident set size of its process, MiB (os.wait4's ru_maxrss).
     """
 
     args: list
     returncode: int
     stdout: str
     stderr: str
-    peak_rss_mib: float
 
     @property
     def output(self):
@@ -166,8 +149,29 @@ class Finished:
         return self.stdout + self.stderr
 
 
-def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=None, input=None, check=True):
+# The console scripts that run_logged calls in this process (their `cli_main`, with the
+# command's argv and streams) instead of starting them: fairseq's, whose `import fairseq` costs
+# a fresh process seconds of CPU, and the analysis built on it.
+IN_PROCESS_SCRIPTS = (
+    "fairseq-preprocess",
+    "fairseq-train",
+    "fairseq-generate",
+    "fairseq-interactive",
+    "fairseq-entmax-analyze",
+)
+# fairseq's console scripts log in this format (fairseq_cli's logging.basicConfig).
+FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+
+
+def run_logged(
+    args, log_path=None, show=None, env=None, *, threads=None, cwd=None, timeout=None, input=None, check=True
+):
     """Run a command, its output captured and appended to a log file as it comes.
+
+    One of IN_PROCESS_SCRIPTS installed beside this Python runs in this process, as its console
+    script would (argv, stdin, stdout, stderr, exit status), when nothing asks for a process of
+    its own (env, cwd or timeout) and at most one CUDA device is visible (fairseq starts a
+    process per device otherwise). Every other command runs as a process.
 
     Args:
         args: the command and its arguments (str() each).
@@ -175,13 +179,15 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         show: a function of each output line; a line for which it returns a string prints
             that string as progress (None: nothing is printed).
         env: environment variables to set for the command, on top of this process's.
+        threads: CPU threads for the command (torch's, OpenMP's and MKL's), or None: torch's
+            choice.
         cwd: the folder it runs in (None: this process's).
         timeout: seconds, or None; past it the command and every process it started are killed.
         input: text typed into its stdin, or None (stdin then reads nothing).
         check: raise ToolError when it exits non-zero.
 
     Returns:
-        Finished: its exit status, output and peak memory.
+        Finished: its exit status and output.
 
     Raises:
         PipelineError: (with check) the command refused a checkpoint; the message is its
@@ -191,14 +197,168 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
     """
     args = [str(a) for a in args]
     record_command(shlex.join(args))
-    log_file = None
-    if log_path is not None:
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        # Line-buffered: the log shows each line as it comes (for a user following it, and for a
-        # resume test that interrupts once a checkpoint has been logged).
-        log_file = open(log_path, "a", encoding="utf-8", buffering=1)
-        log_file.write("$ " + " ".join(args) + "\n")
+    lines = _OutputLines(log_path, args, show)
+    try:
+        if env is None and cwd is None and timeout is None and _runs_in_process(args[0]):
+            returncode = _call_script(args, lines, threads, input)
+        else:
+            returncode = _run_process(args, lines, env, threads, cwd, timeout, input)
+    finally:
+        lines.close()
+    finished = Finished(args, returncode, "".join(lines.captured["stdout"]), "".join(lines.captured["stderr"]))
+    if check and finished.returncode != 0:
+        raise _failure(finished, log_path, lines.captured)
+    return finished
+
+
+class _OutputLines:
+    """A command's output lines as they come: kept, appended to its log file, shown."""
+
+    def __init__(self, log_path, args, show):
+        self.captured = {"stdout": [], "stderr": []}
+        # Progress goes where this process' stdout is now, not where the command's is.
+        self.show, self.progress = show, sys.stdout
+        self.lock = threading.Lock()
+        self.log_file = None
+        if log_path is not None:
+            log_path = Path(log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            # Line-buffered: the log shows each line as it comes (for a user following it, and
+            # for a resume test that interrupts once a checkpoint has been logged).
+            self.log_file = open(log_path, "a", encoding="utf-8", buffering=1)
+            self.log_file.write("$ " + " ".join(args) + "\n")
+
+    def add(self, name, line):
+        with self.lock:
+            self.captured[name].append(line)
+            if self.log_file is not None:
+                self.log_file.write(line)
+        shown = self.show(line) if self.show else None
+        if shown:
+            print("    " + shown, file=self.progress, flush=True)
+
+    def close(self):
+        if self.log_file is not None:
+            self.log_file.close()
+
+
+class _LineWriter(io.TextIOBase):
+    """A text stream that hands each complete line to _OutputLines.add: a script's stdout or
+    stderr while it runs in this process."""
+
+    def __init__(self, lines, name):
+        self.lines, self.name, self.partial = lines, name, ""
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        *complete, self.partial = (self.partial + text).split("\n")
+        for line in complete:
+            self.lines.add(self.name, line + "\n")
+        return len(text)
+
+    def close(self):
+        if self.partial:
+            self.lines.add(self.name, self.partial)
+            self.partial = ""
+        super().close()
+
+
+def _runs_in_process(program):
+    """Whether run_logged calls `program` in this process (see run_logged)."""
+    path = Path(program)
+    if path.name not in IN_PROCESS_SCRIPTS or path.parent != bin_dir():
+        return False
+    import torch
+
+    return torch.cuda.device_count() <= 1
+
+
+def _call_script(args, lines, threads, input):
+    """Run a console script's entry point in this process, as the script would run.
+
+    Returns:
+        Its exit status.
+    """
+    import logging
+    from importlib.metadata import entry_points
+
+    import torch
+
+    (entry,) = entry_points(group="console_scripts", name=Path(args[0]).name)
+    stdout, stderr = _LineWriter(lines, "stdout"), _LineWriter(lines, "stderr")
+    root = logging.getLogger()
+    saved = sys.argv, sys.stdin, root.handlers[:], root.level, torch.get_num_threads()
+    # As fairseq_cli sets up logging in a fresh process (it does so only where the root logger
+    # has no handler yet): to the command's stdout, from LOGLEVEL.
+    handler = logging.StreamHandler(stdout)
+    handler.setFormatter(logging.Formatter(FAIRSEQ_LOG_FORMAT, "%Y-%m-%d %H:%M:%S"))
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("LOGLEVEL", "INFO").upper())
+    sys.argv, sys.stdin = list(args), io.StringIO(input or "")
+    if threads:
+        torch.set_num_threads(threads)
+    _clear_fairseq_run_state()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                return _exit_status(entry.load()())
+            except SystemExit as stop:
+                return _exit_status(stop.code)
+            except Exception as error:
+                # As the interpreter ends on an uncaught exception: sys.excepthook (the plugin's
+                # reports a refused checkpoint in one line and exits 2), then status 1.
+                try:
+                    sys.excepthook(type(error), error, error.__traceback__)
+                except SystemExit as stop:
+                    return _exit_status(stop.code)
+                return 1
+    finally:
+        _clear_fairseq_run_state()
+        sys.argv, sys.stdin, root.handlers[:], level, num_threads = saved
+        root.setLevel(level)
+        torch.set_num_threads(num_threads)
+        stdout.close()
+        stderr.close()
+
+
+def _clear_fairseq_run_state():
+    """Put fairseq's state of a run back as a fresh process has it. fairseq-train keeps the best
+    validation loss and the patience count as attributes of two functions, and its tensorboard
+    writers in a module's dict, which it flushes only at exit."""
+    if "fairseq.checkpoint_utils" in sys.modules:
+        vars(sys.modules["fairseq.checkpoint_utils"].save_checkpoint).pop("best", None)
+    if "fairseq_cli.train" in sys.modules:
+        for name in ("best", "num_runs"):
+            vars(sys.modules["fairseq_cli.train"].should_stop_early).pop(name, None)
+    if "fairseq.logging.progress_bar" in sys.modules:
+        progress_bar = sys.modules["fairseq.logging.progress_bar"]
+        progress_bar._close_writers()
+        progress_bar._tensorboard_writers.clear()
+
+
+def _exit_status(code):
+    """The exit status a console script ends with, given what its `sys.exit` received."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_process(args, lines, env, threads, cwd, timeout, input):
+    """Run a command as a process, its output lines handed to `lines` as they come.
+
+    Returns:
+        Its exit status.
+    """
+    thread_env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
     deadline = None if timeout is None else time.monotonic() + max(timeout, 1)
     proc = subprocess.Popen(
         args,
@@ -208,7 +368,7 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
         text=True,
         cwd=cwd,
         # Unbuffered, so fairseq's log lines arrive (and show) as they are written.
-        env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **thread_env, **(env or {})),
         bufsize=1,
         # A session of its own when it has a time limit: the limit kills the whole group (a
         # tool's workers too); without one, Ctrl-C in a terminal reaches the tool itself.
@@ -216,36 +376,18 @@ def run_logged(args, log_path=None, show=None, env=None, *, cwd=None, timeout=No
     )
     if input is not None:
         threading.Thread(target=_type_into, args=(proc.stdin, input), daemon=True).start()
-    captured = {"stdout": [], "stderr": []}
     try:
         for name, line in _output_lines(proc, deadline):
             if line is None:
-                raise _timed_out(args, timeout, captured)
-            captured[name].append(line)
-            if log_file is not None:
-                log_file.write(line)
-            shown = show(line) if show else None
-            if shown:
-                print("    " + shown, flush=True)
-        status, usage = _wait(proc, deadline)
-        if status is None:
-            raise _timed_out(args, timeout, captured)
+                raise _timed_out(args, timeout, lines.captured)
+            lines.add(name, line)
+        try:
+            return proc.wait(None if deadline is None else max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            raise _timed_out(args, timeout, lines.captured) from None
     except BaseException:
         _kill(proc)
         raise
-    finally:
-        if log_file is not None:
-            log_file.close()
-    finished = Finished(
-        args,
-        os.waitstatus_to_exitcode(status),
-        "".join(captured["stdout"]),
-        "".join(captured["stderr"]),
-        usage.ru_maxrss / 1024,
-    )
-    if check and finished.returncode != 0:
-        raise _failure(finished, log_path, captured)
-    return finished
 
 
 def _failure(finished, log_path, captured):
@@ -297,23 +439,6 @@ def _type_into(stdin, text):
         stdin.close()
     except BrokenPipeError:
         pass
-
-
-def _wait(proc, deadline):
-    """Reap a process whose output has ended, by the deadline.
-
-    Returns:
-        (its wait status, its resource usage), or (None, None) past the deadline.
-    """
-    while True:
-        pid, status, usage = os.wait4(proc.pid, 0 if deadline is None else os.WNOHANG)
-        if pid:
-            # Reaped here: Popen must not wait for it again.
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return status, usage
-        if time.monotonic() > deadline:
-            return None, None
-        time.sleep(0.02)
 
 
 def _kill(proc):

@@ -13,7 +13,7 @@ from fairseq_entmax.names import NORMALIZER_NAMES
 
 from .markers import done_with, is_done, mark_done, read_done
 from .runner import command_step
-from .tools import PipelineError, log, run_logged, threads_env, tool, use_cpu
+from .tools import PipelineError, log, run_logged, tool, use_cpu
 
 # fairseq's Transformer size options, each given once for the encoder and once for the decoder.
 MODEL_SIZE_OPTIONS = ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")
@@ -167,6 +167,11 @@ def _repair_interrupted_checkpoint_last(save_dir, label):
         log(f"{label}: {last.name} was cut short by an interrupt and no complete checkpoint is left; starting over")
 
 
+# On the CPU, no data-loader process: it would take a core from the model, and its shutdown,
+# once the command ends in this process (tools.run_logged), waits up to 5 s per epoch iterator.
+CPU_ARGS = ["--cpu", "--num-workers", "0"]
+
+
 def train_command(data_bin, save_dir, normalizer, settings, seed, cpu=False):
     """The fairseq-train command of one normalizer and seed.
 
@@ -191,7 +196,7 @@ def train_command(data_bin, save_dir, normalizer, settings, seed, cpu=False):
         *_model_args(normalizer, settings),
         *_optimization_args(settings, seed),
         *_checkpoint_args(settings, save_dir),
-        *(["--cpu"] if cpu else []),
+        *(CPU_ARGS if cpu else []),
         *settings.extra_args,
     ]
     return [str(a) for a in args]
@@ -327,7 +332,6 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
     else:
         log(f"{label}: training ({training_length(settings)})")
     args = train_command(data_bin, save_dir, normalizer, settings, seed, cpu=use_cpu() if cpu is None else cpu)
-    env = threads_env(threads)
     previous = float(time_file.read_text()) if time_file.exists() else 0.0
     start = time.time()
     progress = _progress_line(label, settings)
@@ -344,7 +348,7 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
         return progress(line)
 
     try:
-        run_logged(args, save_dir / "train.log", show=show, env=env)
+        run_logged(args, save_dir / "train.log", show=show, threads=threads)
     finally:
         seconds = record_time()
     mark_done(done, {"seconds": seconds})

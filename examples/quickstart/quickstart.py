@@ -44,7 +44,6 @@ from examples.pipeline.tools import (
     recording_commands,
     run_logged,
     run_reporting_errors,
-    threads_env,
     use_cpu,
 )
 from examples.pipeline.training import TrainSettings, model_size_args, train_command
@@ -237,7 +236,7 @@ def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
 
         def time_it(normalizer=normalizer, command=command, log_path=log_path):
             log(f"{normalizer}: timing its first {TIMED_UPDATES} updates")
-            output = run_logged(command, log_path, env=threads_env(threads)).output
+            output = run_logged(command, log_path, threads=threads).output
             rates[normalizer] = timed_rate(output, log_path)
 
         trained = work / "models" / f"{normalizer}-seed1" / "train.done"
