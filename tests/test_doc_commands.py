@@ -10,6 +10,10 @@ starts with the same line). It is checked in one of these ways:
   architecture or a wrong module fails, while nothing trains. `...` stands for "the rest as
   above" in the docs and is dropped from a command's arguments.
 - RUN: bash runs the block as written (cheap commands only, such as a dry run).
+- TINY: bash runs the block as written, in a folder whose `data-bin` is the tests' tiny corpus,
+  with TINY_LIMITS appended to its fairseq commands (one update, on the CPU, short
+  translations): the documented workflow trains a model of the documented architecture and
+  options, saves it where the next command loads it, and translates every test sentence.
 - SYNOPSIS: a usage line with [optional] parts: every --option it names must be in the
   command's --help.
 - a function: an output sample, checked against the code that prints it.
@@ -19,6 +23,7 @@ A block that is not in the table fails the test, and so does an entry whose bloc
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDER = str(REPO / "fairseq_entmax")
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console"}
-PARSE, RUN, SYNOPSIS = "parse", "run", "synopsis"
+PARSE, RUN, SYNOPSIS, TINY = "parse", "run", "synopsis", "tiny"
 
 # The shell variables blocks use without defining them.
 SUBSTITUTIONS = {"USER_DIR": PACKAGE_FOLDER, "NODE": "0", "HOST": "127.0.0.1"}
@@ -100,14 +105,14 @@ def _quickstart_plan_is_printed(block):
 # (file, the block's first line) -> how it is checked.
 DOC_BLOCKS = {
     ("README.md", "make demo   # set up .venv, then train softmax / 1.5-entmax / alpha-entmax / top-k models on a built-in toy corpus and print their table"): PARSE,
-    ("README.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("README.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): TINY,
     ("README.md", "fairseq-entmax-analyze DATA-BIN --user-dir $USER_DIR --path CKPT [--path CKPT ...] \\"): SYNOPSIS,
     ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\"): PARSE,
     ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\ #2"): PARSE,
     ("docs/analysis.md", "{"): _source_has(
         "fairseq_entmax/analysis", "positional_threshold", "interrogation_threshold", "sentence_id"
     ),
-    ("docs/fairseq.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("docs/fairseq.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): TINY,
     ("docs/fairseq.md", "fairseq-generate: error: Refusing to load checkpoint x.pt: it contains a pickled posix.system,"): _source_has(
         "fairseq_entmax/repairs/checkpoint_safety.py", "Refusing to load checkpoint", "not a type fairseq checkpoints hold"
     ),
@@ -121,7 +126,7 @@ DOC_BLOCKS = {
     ("docs/attention.md", "python -m benchmarks.attention --settings raw --tokens 1024 4096 16384"): PARSE,
     ("docs/huggingface.md", "pip install -e '.[huggingface]'     # in a checkout; make setup installs it too"): PARSE,
     ("docs/huggingface.md", ".venv/bin/python -m examples.huggingface.marian_toy           # about 3 minutes on 2 CPU cores"): PARSE,
-    ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): PARSE,
+    ("docs/outputs.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): TINY,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.quickstart --data DIR --src de --tgt en"): PARSE,
     ("docs/recipes.md", ".venv/bin/python -m examples.quickstart.convergence --data TED --src de --tgt en \\"): PARSE,
@@ -187,6 +192,17 @@ SHIMS = textwrap.dedent(
     """
 )
 
+# Appended to the fairseq commands of a TINY block (later options win over the block's own).
+TINY_LIMITS = {
+    "fairseq-train": "--max-update 1 --cpu --num-workers 0 --no-epoch-checkpoints",
+    "fairseq-generate": "--cpu --max-len-a 0 --max-len-b 4",
+}
+TINY_SHIMS = "set -eo pipefail\n" + "".join(
+    f'{tool}() {{ command {tool} "$@" {limits}; }}\n' for tool, limits in TINY_LIMITS.items()
+)
+# The tiny corpus' test sentences (tests/helpers.write_tiny_corpus).
+TINY_TEST_SENTENCES = 40
+
 # `pip install -e '.[EXTRA]'`: the extras exist in pyproject.toml.
 PIP_CHECK = textwrap.dedent(
     """
@@ -223,6 +239,23 @@ def _run_block(block, tmp_path, parse):
     return calls, proc.stdout
 
 
+def _run_on_tiny_data(block, tmp_path, data_bin):
+    """Run a TINY block; returns its stdout, with one block of H- lines per translation command."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "data-bin").symlink_to(data_bin)
+    environment = dict(os.environ, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", TINY_SHIMS + block], cwd=folder, env=environment, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        # The documented architectures' checkpoints are hundreds of MB each.
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
 def _check_synopsis(block):
     words = block.split()
     program = [sys.executable, *words[1:3]] if words[0].endswith("python") else [str(bin_dir() / words[0])]
@@ -236,6 +269,12 @@ def _check_synopsis(block):
 BLOCKS = {(file, first): (line, text) for file, line, first, text in shell_blocks()}
 
 
+@pytest.fixture(scope="module")
+def tiny_outputs():
+    """The outputs of the TINY blocks run so far, by text: a block that two files repeat runs once."""
+    return {}
+
+
 def test_every_shell_block_of_the_docs_is_in_the_table():
     untested = [
         f"{file}:{line}: {first}" for (file, first), (line, _) in BLOCKS.items() if (file, first) not in DOC_BLOCKS
@@ -246,7 +285,7 @@ def test_every_shell_block_of_the_docs_is_in_the_table():
 
 
 @pytest.mark.parametrize("key", sorted(DOC_BLOCKS), ids=lambda key: f"{key[0]}:{key[1][:40]}")
-def test_documented_block(key, tmp_path):
+def test_documented_block(key, tmp_path, request, tiny_outputs):
     if key not in BLOCKS:
         pytest.fail(f"{key[0]} has no block starting {key[1]!r}")
     how, (line, block) = DOC_BLOCKS[key], BLOCKS[key]
@@ -256,6 +295,16 @@ def test_documented_block(key, tmp_path):
         calls, _ = _run_block(block, tmp_path, parse=how == PARSE)
         if how == PARSE and any(word in block for word in ("fairseq-", ".venv/bin/python -m", "torchrun")):
             assert "PARSED" in calls or "DRY-RUN" in calls, f"{key[0]}:{line}: no command reached its parser"
+    elif how == TINY:
+        if block not in tiny_outputs:
+            tiny_outputs[block] = _run_on_tiny_data(block, tmp_path, request.getfixturevalue("tiny_data").data_bin)
+        output = tiny_outputs[block]
+        translations = block.count("fairseq-generate ")
+        sentences = {int(i) for i in re.findall(r"^H-(\d+)\t", output, flags=re.M)}
+        assert translations and sentences == set(range(TINY_TEST_SENTENCES)), output[-2000:]
+        assert output.count("Generate test with beam=") == translations, output[-2000:]
+        if "--print-alignment" in block:
+            assert len(re.findall(r"^A-\d+\t", output, flags=re.M)) >= TINY_TEST_SENTENCES
     else:
         how(block)
 
