@@ -192,9 +192,13 @@ SHIMS = textwrap.dedent(
     """
 )
 
-# Appended to the fairseq commands of a TINY block (later options win over the block's own).
+# Appended to the fairseq commands of a TINY block (later options win over the block's own):
+# one update, and only checkpoint_best.pt without the optimizer's state (the documented
+# architectures' checkpoints are hundreds of MB each).
 TINY_LIMITS = {
-    "fairseq-train": "--max-update 1 --cpu --num-workers 0 --no-epoch-checkpoints",
+    "fairseq-train": (
+        "--max-update 1 --cpu --num-workers 0 --no-epoch-checkpoints --no-last-checkpoints --no-save-optimizer-state"
+    ),
     "fairseq-generate": "--cpu --max-len-a 0 --max-len-b 4",
 }
 TINY_SHIMS = "set -eo pipefail\n" + "".join(
@@ -250,7 +254,6 @@ def _run_on_tiny_data(block, tmp_path, data_bin):
             ["bash", "-c", TINY_SHIMS + block], cwd=folder, env=environment, capture_output=True, text=True, timeout=600
         )
     finally:
-        # The documented architectures' checkpoints are hundreds of MB each.
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
