@@ -65,10 +65,8 @@ def trained(data_bin, tmp_path_factory):
         if flavour not in runs:
             save_dir = tmp_path_factory.mktemp(f"train_{flavour}")
             # Plain fairseq in a process of its own: this one may have loaded the plugin.
-            proc = run(
-                [fairseq_command("fairseq-train"), data_bin, *FLAVOURS[flavour], *TRAINING_ARGS, "--save-dir", save_dir],
-                process=flavour == "plain",
-            )
+            command = [fairseq_command("fairseq-train"), data_bin, *FLAVOURS[flavour], *TRAINING_ARGS]
+            proc = run([*command, "--save-dir", save_dir], process=flavour == "plain")
             runs[flavour] = save_dir / "checkpoint_last.pt", proc.stdout + proc.stderr
         return runs[flavour]
 
