@@ -328,6 +328,66 @@ def test_key_blocks_a_mask_hides_are_not_computed(mask_kind):
     assert counts["masked"] == expected
 
 
+def _clustered_case(kv_heads=H, tokens=512, dim=16, seed=0, dtype=torch.float64):
+    """(query, key, value, bias) where, as in trained sparse heads, the scores fall with the
+    distance between query and key and the first 3 keys are seen from everywhere: an additive
+    bias (with a gradient) of -0.5 per position of distance, and 0 on those keys, plus scores
+    of small random queries and keys."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def normal(heads):
+        return (0.5 * torch.randn(1, heads, tokens, dim, generator=generator, dtype=dtype)).requires_grad_()
+
+    position = torch.arange(tokens, dtype=dtype)
+    bias = -0.5 * (position[:, None] - position).abs()
+    bias[:, :3] = 0.0
+    return normal(H), normal(kv_heads), normal(kv_heads), bias.expand(1, H, tokens, tokens).clone().requires_grad_()
+
+
+@pytest.mark.parametrize("case", ["bias", "causal", "window", "gqa", "masked_rows"])
+@pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
+def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
+    """On clustered supports (local keys and a few seen from everywhere), the sparse maps run
+    their P.V and backward over the key blocks with a nonzero weight only, and the outputs and
+    the gradients of query, key, value, the additive mask and the alphas are those of the
+    materialized path in float64, to 1e-12 of their scale."""
+    gathered = []
+    support_runs = blocked._Spec.support_runs
+
+    def recording(self, p, k0, k1):
+        runs = support_runs(self, p, k0, k1)
+        gathered.append((sum(r1 - r0 for r0, r1 in runs), k1 - k0))
+        return runs
+
+    monkeypatch.setattr(blocked._Spec, "support_runs", recording)
+    normalizer = _normalizer(name)
+    query, key, value, bias = _clustered_case(kv_heads=2 if case == "gqa" else H)
+    position = torch.arange(query.shape[-2])
+    is_causal = case == "causal"
+    hidden = None  # what a mask hides beside the bias
+    if case == "window":  # a sliding window of 200 keys
+        hidden = (position[:, None] - position).abs() >= 200
+    elif case == "masked_rows":  # queries that see no key get zeros and no gradient
+        hidden = ((position >= 100) & (position < 110))[:, None].expand(-1, len(position))
+
+    def mask():
+        # Made anew for each path: its graph is freed by the first path's gradients.
+        if is_causal:  # the scores alone fall with distance: no bias
+            return None
+        return bias if hidden is None else bias.masked_fill(hidden, float("-inf"))
+
+    inputs = [query, key, value, *([] if is_causal else [bias]), *normalizer.parameters()]
+    arguments = dict(is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)
+    actual = scaled_dot_product_attention(query, key, value, attn_mask=mask(), block_queries=32, **arguments)
+    expected = _materialized(query, key, value, mask(), is_causal, normalizer)
+    _assert_relatively_close(actual, expected, 1e-12, "output")
+    for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
+        _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
+    if not is_causal:
+        skipped = sum(visible - kept for kept, visible in gathered)
+        assert skipped > 0.5 * sum(visible for _, visible in gathered), gathered
+
+
 def test_a_learned_alpha_module_learns_through_it():
     normalizer = build_normalizer("alpha_entmax", H, alpha_init=1.5)
     query, key, value, _, _ = _case("causal")

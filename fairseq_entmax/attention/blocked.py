@@ -5,7 +5,9 @@ A block is a range of queries of a chunk of the batch, with every head, against 
 the mask leaves visible to at least one of its queries: with a causal mask, a sliding window or
 padding, the keys it hides from the whole block are never computed. Its scores are
 (batch chunk x heads, block queries, visible keys), at most about BLOCK_ELEMENTS elements, and
-are freed once the block's output (forward) or gradients (backward) are written.
+are freed once the block's output (forward) or gradients (backward) are written. For a sparse
+map, the forward's P.V and the backward run only over the key blocks in which some weight of
+the block is nonzero (its support map, docs/attention.md).
 """
 
 import math
@@ -30,6 +32,12 @@ BLOCK_ELEMENTS = {"cpu": 1 << 20, "accelerator": 1 << 24}
 MATERIALIZED_PER_INPUT_ELEMENT = 1
 # The fewest queries a block takes by default before the batch is split instead.
 MIN_BLOCK_QUERIES = 16
+# The support map's key blocks: a sparse map's block of queries records which blocks of this
+# many keys hold a nonzero weight, and its P.V and backward run over those keys only.
+SUPPORT_KEYS = 64
+# Above this fraction of a block's visible keys in the support, gathering them costs more than
+# it saves: the block runs over all of them.
+MOST_SUPPORT_GATHERED = 0.75
 
 
 class _Mask:
@@ -110,6 +118,11 @@ class _Spec:
         self.scale = scale
         self.dropout_p = dropout_p
         self.blocks = blocks
+        # The support map, as the runs of consecutive key blocks with a nonzero weight of each
+        # block (key ranges), filled in by the forward. A dense map or dropout (whose keep mask
+        # is drawn over all visible keys) runs each block over all of them.
+        self.maps_support = rows.is_sparse and dropout_p == 0
+        self.support = []
         # Drawn from torch's default generator, so that torch.manual_seed fixes the dropout; each
         # block's keep mask comes from its own generator, seeded from it, forward and backward.
         self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 and blocks else None
@@ -120,6 +133,45 @@ class _Spec:
         generator.manual_seed(self.seed + index)
         keep = torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
         return keep.ge_(self.dropout_p).mul_(1.0 / (1.0 - self.dropout_p))
+
+    def support_runs(self, p, k0, k1):
+        """The key ranges of a block whose weights p (.., queries, k1 - k0) are not all zero: the
+        runs of consecutive SUPPORT_KEYS blocks with a nonzero weight, or [(k0, k1)] where they
+        hold most of the keys (or the map is dense)."""
+        keys = k1 - k0
+        if not self.maps_support or keys <= SUPPORT_KEYS:
+            return [(k0, k1)]
+        seen = (p.reshape(-1, keys) != 0).any(dim=0)
+        blocks = -(-keys // SUPPORT_KEYS)
+        padded = seen.new_zeros(blocks * SUPPORT_KEYS)
+        padded[:keys] = seen
+        kept = padded.view(blocks, SUPPORT_KEYS).any(dim=1).tolist()
+        if sum(kept) * SUPPORT_KEYS > MOST_SUPPORT_GATHERED * keys:
+            return [(k0, k1)]
+        runs = []
+        for index, nonzero in enumerate(kept):
+            if not nonzero:
+                continue
+            start, end = k0 + index * SUPPORT_KEYS, min(k1, k0 + (index + 1) * SUPPORT_KEYS)
+            if runs and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((start, end))
+        return runs
+
+    def runs_scores(self, query, key, value, b0, b1, q0, q1, runs):
+        """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
+        queries, keys, scores, values (batch x kv heads, keys, value dim))."""
+        parts = [self.block_scores(query, key, b0, b1, q0, q1, r0, r1) for r0, r1 in runs]
+        values = [value[b0:b1, :, r0:r1].reshape(-1, r1 - r0, value.shape[-1]) for r0, r1 in runs]
+        if len(parts) == 1:
+            return (*parts[0], values[0])
+        return (
+            parts[0][0],
+            torch.cat([k for _, k, _ in parts], dim=1),
+            torch.cat([scores for _, _, scores in parts], dim=-1),
+            torch.cat(values, dim=1),
+        )
 
     def block_scores(self, query, key, b0, b1, q0, q1, k0, k1):
         """(scaled queries (batch x kv heads, groups x queries, dim), keys, masked scores) of a
@@ -169,8 +221,14 @@ class _BlockedAttention(torch.autograd.Function):
             p = p.view_as(scores)
             if spec.dropout_p > 0:
                 p = p.mul_(spec.dropout_keep(index, p))
-            v = v4[b0:b1, :, k0:k1].reshape(-1, k1 - k0, v4.shape[-1])
-            out[b0:b1, :, q0:q1] = torch.bmm(p, v).view(b1 - b0, spec.heads, q1 - q0, -1)
+            runs = spec.support_runs(p, k0, k1)
+            spec.support.append(runs)
+            block_out = None
+            for r0, r1 in runs:
+                v = v4[b0:b1, :, r0:r1].reshape(-1, r1 - r0, v4.shape[-1])
+                weights = p[:, :, r0 - k0 : r1 - k0]
+                block_out = torch.bmm(weights, v) if block_out is None else block_out.baddbmm_(weights, v)
+            out[b0:b1, :, q0:q1] = block_out.view(b1 - b0, spec.heads, q1 - q0, -1)
         ctx.spec = spec
         ctx.save_for_backward(query, key, value, attn_mask, alpha, *(stats or ()))
         return out.view(*spec.batch_shape, spec.heads, spec.queries, -1).to(query.dtype)
@@ -188,18 +246,18 @@ class _BlockedAttention(torch.autograd.Function):
         dv = torch.zeros_like(v4) if need_v else None
         dmask = torch.zeros(spec.mask.four.shape, dtype=work_dtype, device=query.device) if need_mask else None
         dalpha = torch.zeros(spec.heads, dtype=work_dtype, device=query.device) if need_alpha else None
-        for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
-            batch, queries, keys = b1 - b0, q1 - q0, k1 - k0
-            q, k, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
+        for index, ((b0, b1, q0, q1, _, _), runs) in enumerate(zip(spec.blocks, spec.support)):
+            batch, queries = b1 - b0, q1 - q0
+            q, k, scores, v = spec.runs_scores(q4, k4, v4, b0, b1, q0, q1, runs)
+            keys = scores.shape[-1]
             params = spec.rows.block_params(scores.view(batch, spec.heads, queries, keys))
             block_stats = [saved[b0:b1, :, q0:q1].reshape(-1, 1) for saved in stats]
             p = spec.rows.recompute(scores.view(-1, keys), block_stats, params)
-            v = v4[b0:b1, :, k0:k1].reshape(-1, keys, v4.shape[-1])
             g_out = grad4[b0:b1, :, q0:q1].to(work_dtype).reshape(batch * spec.kv_heads, spec.groups * queries, -1)
             keep = spec.dropout_keep(index, scores) if spec.dropout_p > 0 else None
             if need_v:
                 dropped = p.view_as(scores) if keep is None else p.view_as(scores) * keep
-                dv[b0:b1, :, k0:k1] += torch.bmm(dropped.transpose(1, 2), g_out).view(batch, spec.kv_heads, keys, -1)
+                _add_over_runs(dv, torch.bmm(dropped.transpose(1, 2), g_out), b0, b1, runs)
             if not (need_q or need_k or need_mask or need_alpha):
                 continue
             g_p = torch.bmm(g_out, v.transpose(1, 2))
@@ -210,11 +268,16 @@ class _BlockedAttention(torch.autograd.Function):
             if need_alpha:
                 dalpha += alpha_rows.view(batch, spec.heads, queries).sum(dim=(0, 2))
             if need_mask:
-                spec.mask.add_gradient(dmask, g_scores.view(batch, spec.heads, queries, keys), b0, b1, q0, q1, k0, k1)
+                per_head = g_scores.view(batch, spec.heads, queries, keys)
+                start = 0
+                for r0, r1 in runs:
+                    run_gradient = per_head[..., start : start + r1 - r0]
+                    spec.mask.add_gradient(dmask, run_gradient, b0, b1, q0, q1, r0, r1)
+                    start += r1 - r0
             if need_q:
                 dq[b0:b1, :, q0:q1] = torch.bmm(g_scores, k).mul_(spec.scale).view(batch, spec.heads, queries, -1)
             if need_k:
-                dk[b0:b1, :, k0:k1] += torch.bmm(g_scores.transpose(1, 2), q).view(batch, spec.kv_heads, keys, -1)
+                _add_over_runs(dk, torch.bmm(g_scores.transpose(1, 2), q), b0, b1, runs)
         return (
             None if dq is None else dq.view(query.shape).to(query.dtype),
             None if dk is None else dk.view(key.shape).to(key.dtype),
@@ -223,6 +286,16 @@ class _BlockedAttention(torch.autograd.Function):
             None if dalpha is None else dalpha.to(alpha.dtype),
             None,
         )
+
+
+def _add_over_runs(total, gradient, b0, b1, runs):
+    """Add a block's gradient of its keys (batch x kv heads, keys of the runs, dim) into the
+    keys' or values' gradient (batch, kv heads, keys, dim) at the runs' key ranges."""
+    per_head = gradient.view(b1 - b0, total.shape[1], -1, total.shape[-1])
+    start = 0
+    for r0, r1 in runs:
+        total[b0:b1, :, r0:r1] += per_head[:, :, start : start + r1 - r0]
+        start += r1 - r0
 
 
 def _materialized_attention(spec, module, query, key, value):

@@ -43,6 +43,8 @@ class SoftmaxRows:
     """softmax; statistics (m, 1 / Z)."""
 
     learns_alpha = False
+    # Whether a row's p has zeros worth skipping (blocked attention's support map).
+    is_sparse = False
 
     def block_params(self, scores):
         return None
@@ -65,6 +67,7 @@ class SparsemaxRows:
     """sparsemax; statistics (m, tau)."""
 
     learns_alpha = False
+    is_sparse = True
 
     def block_params(self, scores):
         return None
@@ -88,6 +91,7 @@ class Entmax15Rows:
     """1.5-entmax; statistics (m, tau, 1 / Z)."""
 
     learns_alpha = False
+    is_sparse = True
 
     def block_params(self, scores):
         return None
@@ -119,6 +123,7 @@ class AlphaEntmaxRows:
     """
 
     learns_alpha = True
+    is_sparse = True
 
     def __init__(self, alpha, at_most_two):
         self.alpha = alpha
@@ -178,6 +183,7 @@ class TopKRows:
     """
 
     learns_alpha = False
+    is_sparse = True
 
     def __init__(self, normalizer):
         self.normalizer = normalizer
