@@ -9,6 +9,10 @@ Settings:
          the mean of SHORT_PASSES forward and backward passes; besides the function's own
          choice ("blocked", which computes such small calls whole) its blocks are forced
          ("blocks", block_queries given): what recomputing the probabilities costs there;
+  clustered  raw attention, causal, on the pattern trained sparse heads show (clustered_inputs):
+         scores that fall with the distance between query and key, each head at its own
+         offset, plus 4 keys every query attends to; each table gives each normalizer's
+         fraction of zero key blocks (block_sparsity), which the blocked function skips;
   step   a generation step: one query against keys (batch 4, 8 heads, head dim 64), forward only,
          the mean over STEP_CALLS calls (its peak memory is that of one call);
   llama  a Hugging Face Llama (hidden 256, 8 heads, 2 layers, intermediate 512, vocabulary 1,000),
@@ -39,8 +43,17 @@ import time
 from benchmarks.fresh_process import call_in_fresh_process
 from fairseq_entmax.names import NORMALIZER_NAMES
 
-SETTINGS = ("raw", "short", "step", "llama")
-DEFAULT_TOKENS = {"raw": (1024, 4096, 16384), "short": (32, 128, 512), "step": (64, 256, 1024), "llama": (2048, 8192)}
+SETTINGS = ("raw", "clustered", "short", "step", "llama")
+DEFAULT_TOKENS = {
+    "raw": (1024, 4096, 16384),
+    "clustered": (4096, 16384),
+    "short": (32, 128, 512),
+    "step": (64, 256, 1024),
+    "llama": (2048, 8192),
+}
+# block_sparsity's blocks: 64 queries (every head together) by fairseq_entmax.attention's
+# SUPPORT_KEYS keys.
+SPARSITY_QUERIES = 64
 STEP_CALLS = 200
 SHORT_BATCH_TOKENS, SHORT_PASSES = 4096, 10
 HEADS, HEAD_DIM = 8, 64
@@ -54,16 +67,74 @@ def _rss_mib():
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1):
+def clustered_inputs(tokens, device="cpu"):
+    """(query, key, value) of batch 1, HEADS heads, head dim 64, whose causal scores follow what
+    trained sparse heads attend to. 60 dims encode positions with 30 frequencies from pi to
+    pi / tokens (as rotary embeddings do), so that head h's query i scores key j by the sum of
+    cos(frequency * (i - h % 4 - j)): highest at h % 4 tokens back, falling with the distance;
+    one dim gives keys 0-3 a score 0.5 below that peak, seen from every query; 3 dims of small
+    noise. Values are N(0, 1)."""
+    import math
+
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    frequencies = math.pi * torch.logspace(0, -math.log10(tokens), 30)
+    position = torch.arange(tokens, dtype=torch.float32)
+    peak = 2.0  # the scaled score at the peak, against about 0 far away
+    amplitude = math.sqrt(HEAD_DIM**0.5 * peak / len(frequencies))
+    query, key = torch.zeros(2, 1, HEADS, tokens, HEAD_DIM)
+    for head in range(HEADS):
+        for tensor, positions in ((query[0, head], position - head % 4), (key[0, head], position)):
+            angles = positions[:, None] * frequencies
+            tensor[:, 0:60:2], tensor[:, 1:60:2] = amplitude * angles.cos(), amplitude * angles.sin()
+    query[..., 60] = 1.0
+    key[..., :4, 60] = HEAD_DIM**0.5 * (peak - 0.5)
+    query[..., 61:] = 0.3 * torch.randn(1, HEADS, tokens, 3, generator=generator)
+    key[..., 61:] = 0.3 * torch.randn(1, HEADS, tokens, 3, generator=generator)
+    value = torch.randn(1, HEADS, tokens, HEAD_DIM, generator=generator)
+    return tuple(tensor.to(device).requires_grad_() for tensor in (query, key, value))
+
+
+def block_sparsity(normalizer_name, tokens, device="cpu"):
+    """The fraction of the causally visible (SPARSITY_QUERIES queries, SUPPORT_KEYS keys) blocks
+    of clustered_inputs in which the normalizer gives every weight of every head 0."""
+    import torch
+
+    from fairseq_entmax.attention.blocked import SUPPORT_KEYS
+    from fairseq_entmax.normalizers import build_normalizer
+
+    torch.manual_seed(0)
+    query, key, _ = clustered_inputs(tokens, device)
+    normalizer = build_normalizer(normalizer_name, HEADS).to(device)
+    zero = visible = 0
+    with torch.no_grad():
+        for q0 in range(0, tokens, SPARSITY_QUERIES):
+            q1 = min(tokens, q0 + SPARSITY_QUERIES)
+            scores = torch.matmul(query[:, :, q0:q1], key[:, :, :q1].transpose(-1, -2)) * HEAD_DIM**-0.5
+            future = torch.arange(q1, device=device) > torch.arange(q0, q1, device=device)[:, None]
+            weights = normalizer(scores.masked_fill(future, float("-inf")).view(HEADS, q1 - q0, q1))
+            seen = (weights != 0).any(dim=1).any(dim=0)
+            blocks = -(-q1 // SUPPORT_KEYS)
+            padded = torch.nn.functional.pad(seen, (0, blocks * SUPPORT_KEYS - q1))
+            zero += int((~padded.view(blocks, SUPPORT_KEYS).any(dim=1)).sum())
+            visible += blocks
+    return zero / visible
+
+
+def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1, clustered=False):
     import torch
 
     from fairseq_entmax.attention import scaled_dot_product_attention
     from fairseq_entmax.normalizers import build_normalizer
 
     torch.manual_seed(0)
-    query, key, value = (
-        torch.randn(batch, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3)
-    )
+    if clustered:
+        query, key, value = clustered_inputs(tokens, device)
+    else:
+        query, key, value = (
+            torch.randn(batch, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3)
+        )
     normalizer = None if path == "sdpa" else build_normalizer(normalizer_name, HEADS).to(device)
 
     def materialized():
@@ -92,6 +163,10 @@ def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1):
             output.sum().backward()
 
     return run
+
+
+def _clustered_pass(path, normalizer_name, tokens, causal, device):
+    return _raw_pass(path, normalizer_name, tokens, causal, device, clustered=True)
 
 
 def _short_pass(path, normalizer_name, tokens, causal, device):
@@ -168,7 +243,13 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
     if device == "cpu" and memory_limit_gib:
         limit = int(memory_limit_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    build = {"raw": _raw_pass, "short": _short_pass, "step": _step_pass, "llama": _llama_pass}[setting]
+    build = {
+        "raw": _raw_pass,
+        "clustered": _clustered_pass,
+        "short": _short_pass,
+        "step": _step_pass,
+        "llama": _llama_pass,
+    }[setting]
     try:
         run = build(path, normalizer_name, tokens, causal, device)
         if device == "cuda":
@@ -242,7 +323,7 @@ def main(argv=None):
     results = []
     for setting in args.settings:
         shapes = (
-            [setting == "llama"]
+            [setting in ("llama", "clustered")]
             if setting not in ("raw", "short")
             else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
         )
@@ -250,6 +331,13 @@ def main(argv=None):
             for causal in shapes:
                 shape = "one query" if setting == "step" else "causal" if causal else "full"
                 print(f"\n{setting}, {tokens:,} tokens, {shape}")
+                sparsity = {}
+                if setting == "clustered":
+                    sparsity = {
+                        name: call_in_fresh_process(block_sparsity, name, tokens, args.device)
+                        for name in NORMALIZER_NAMES
+                    }
+                    print("zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, value in sparsity.items()))
                 print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
                 print("|---|---|---|---|---|---|")
                 baseline = None
@@ -262,6 +350,8 @@ def main(argv=None):
                     results.append(
                         dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result)
                     )
+                    if name in sparsity and path != "sdpa":
+                        results[-1]["zero_key_blocks"] = sparsity[name]
                     if "refused" in result:
                         print(f"| {path} | {name} | {result['refused']} | | | |", flush=True)
                         continue

@@ -45,3 +45,19 @@ def test_the_short_setting_forces_the_blocks_beside_the_functions_choice():
     }
     result = call_in_fresh_process(measure, "short", "blocks", "alpha_entmax", 64, False, "cpu", 1, 4.0)
     assert result["seconds"] > 0 and result["peak_mib"] >= 0
+
+
+def test_the_clustered_table_gives_each_normalizers_zero_key_blocks(tmp_path):
+    """On the clustered pattern (local keys and 4 seen from everywhere) the sparse maps leave most
+    key blocks at 1,024 tokens without weight; softmax none."""
+    out = tmp_path / "clustered.json"
+    finished = run(
+        [sys.executable, "-m", "benchmarks.attention", "--settings", "clustered", "--tokens", "1024"]
+        + ["--skip-materialized-above", "0", "--json", str(out)]
+    )
+    results = json.loads(out.read_text())["results"]
+    sparsity = {r["normalizer"]: r["zero_key_blocks"] for r in results if r["path"] == "blocked"}
+    assert set(sparsity) == set(NORMALIZER_NAMES)
+    assert sparsity["softmax"] == 0 and min(sparsity[name] for name in ("sparsemax", "entmax15", "topk")) > 0.6
+    assert [r["path"] for r in results] == ["sdpa"] + ["blocked"] * len(NORMALIZER_NAMES)
+    assert "clustered, 1,024 tokens, causal" in finished.stdout and "zero key blocks: softmax 0.00" in finished.stdout
