@@ -304,7 +304,7 @@ def train(data_bin, save_dir, normalizer, settings, seed=1, label=None, threads=
         settings: the TrainSettings.
         seed: the training seed.
         label: the model's name in progress lines (default: `normalizer`).
-        threads: OMP/MKL threads of fairseq-train (None: torch's choice).
+        threads: CPU threads of fairseq-train (None: torch's choice).
         cpu: whether to pass --cpu (None: when no CUDA device is visible).
 
     Returns:

@@ -204,7 +204,7 @@ def parse_args(argv=None):
         help=f"the cap, to stay out of reach (default {DEFAULT_MAX_UPDATE})",
     )
     parser.add_argument("--patience", type=int, default=PATIENCE, help=f"the quickstart's (default {PATIENCE})")
-    parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
+    parser.add_argument("--threads", type=int, help="CPU threads of each fairseq command (default: torch's choice)")
     parser.add_argument(
         "--work-dir", type=Path, default=REPO / "runs" / "convergence", help="default: runs/convergence"
     )

@@ -426,7 +426,7 @@ def parse_args(argv=None):
         ),
     )
     parser.add_argument("--tiny", action="store_true", help="a very small run (a few seconds per model), for tests")
-    parser.add_argument("--threads", type=int, help="CPU threads per fairseq process (default: torch's choice)")
+    parser.add_argument("--threads", type=int, help="CPU threads of each fairseq command (default: torch's choice)")
     parser.add_argument("--dry-run", action="store_true", help="print every step, one per line, and run nothing")
     args = parser.parse_args(argv)
     if args.data is None and (args.src or args.tgt):

@@ -219,7 +219,7 @@ def parse_args(argv=None):
         "validation accuracy (default: per budget; 0: train to the cap)",
     )
     parser.add_argument("--lr", type=float, help="peak learning rate (default: per budget)")
-    parser.add_argument("--threads", type=int, help="CPU threads per fairseq process")
+    parser.add_argument("--threads", type=int, help="CPU threads of each fairseq command")
     parser.add_argument("--dry-run", action="store_true", help="print every step, one per line, and run nothing")
     return parser.parse_args(argv)
 
