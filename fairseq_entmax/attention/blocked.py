@@ -122,7 +122,7 @@ class _Spec:
         # block (key ranges), filled in by the forward. A dense map or dropout (whose keep mask
         # is drawn over all visible keys) runs each block over all of them.
         self.maps_support = rows.is_sparse and dropout_p == 0
-        self.support = []
+        self.support = None
         # Drawn from torch's default generator, so that torch.manual_seed fixes the dropout; each
         # block's keep mask comes from its own generator, seeded from it, forward and backward.
         self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 and blocks else None
@@ -139,7 +139,8 @@ class _Spec:
         runs of consecutive SUPPORT_KEYS blocks with a nonzero weight, or [(k0, k1)] where they
         hold most of the keys (or the map is dense)."""
         keys = k1 - k0
-        if not self.maps_support or keys <= SUPPORT_KEYS:
+        # On an accelerator, reading the map back would synchronise at every block.
+        if not self.maps_support or keys <= SUPPORT_KEYS or p.device.type != "cpu":
             return [(k0, k1)]
         seen = (p.reshape(-1, keys) != 0).any(dim=0)
         blocks = -(-keys // SUPPORT_KEYS)
@@ -210,6 +211,7 @@ class _BlockedAttention(torch.autograd.Function):
         q4, k4, v4 = _flat_inputs(spec, query, key, value, work_dtype)
         out = torch.zeros(spec.batch, spec.heads, spec.queries, value.shape[-1], dtype=work_dtype, device=query.device)
         stats = None
+        spec.support = []  # anew where the forward runs again (activation checkpointing)
         for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
             _, _, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
             params = spec.rows.block_params(scores.view(b1 - b0, spec.heads, q1 - q0, k1 - k0))
