@@ -29,6 +29,20 @@ from filelock import FileLock
 from helpers import TINY_MODEL_ARGS, TRAINING_ARGS, preprocess, train_tiny, write_tiny_corpus
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its share of the cores, for its own torch and for the
+    commands it starts (they inherit OMP_NUM_THREADS): with torch's default, every worker's pool
+    would take every core, and the oversubscribed threads slow each other down."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_runtest_setup(item):
     """A `cuda` test skips without a CUDA device (CI has none). A missing requirement skips a
     test on a developer's machine; under CI (CI set) it fails it, since there it means a broken
