@@ -349,7 +349,7 @@ def attention_maps(model, maps, output_dir):
         heads = weights.shape[0]
         columns = min(4, heads)
         rows = -(-heads // columns)
-        size = 1.2 + 0.28 * max(len(query_tokens), len(key_tokens))
+        size = 1.2 + 0.2 * max(len(query_tokens), len(key_tokens))
         fig, axes = plt.subplots(
             rows, columns, figsize=(columns * size + 1.5, rows * size + 0.8), squeeze=False, layout="constrained"
         )
@@ -360,12 +360,15 @@ def attention_maps(model, maps, output_dir):
                 continue
             image = ax.imshow(weights[head], vmin=_SMALLEST_SHOWN, vmax=1.0, cmap=_NONZERO_CMAP)
             ax.set_title(f"head {head}", fontsize=9)
-            ax.set_xticks(range(len(key_tokens)))
-            ax.set_xticklabels(key_tokens, rotation=90, fontsize=7)
-            ax.set_yticks(range(len(query_tokens)))
-            ax.set_yticklabels(query_tokens, fontsize=7)
-            ax.set_xlabel("key", fontsize=8)
-            ax.set_ylabel("query", fontsize=8)
+            # The heads share their tokens: only the outer panels name them, which is also what
+            # keeps drawing fast (the layout measures every label).
+            last_row = head + columns >= heads
+            ax.set_xticks(range(len(key_tokens)), key_tokens if last_row else [], rotation=90, fontsize=7)
+            ax.set_yticks(range(len(query_tokens)), query_tokens if head % columns == 0 else [], fontsize=7)
+            if last_row:
+                ax.set_xlabel("key", fontsize=8)
+            if head % columns == 0:
+                ax.set_ylabel("query", fontsize=8)
         fig.colorbar(image, ax=axes.ravel().tolist(), label="attention weight (white: exactly 0)", shrink=0.8)
         fig.suptitle(
             f"{model['name']}: {TITLES[attention]}, layer {layer} "
