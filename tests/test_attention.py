@@ -344,6 +344,34 @@ def _clustered_case(kv_heads=H, tokens=512, dim=16, seed=0, dtype=torch.float64)
     return normal(H), normal(kv_heads), normal(kv_heads), bias.expand(1, H, tokens, tokens).clone().requires_grad_()
 
 
+@pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
+def test_a_subsets_threshold_bounds_the_rows_support(name):
+    """The forward searches only the key blocks whose largest score reaches the bound that the
+    rows' block maxima give (weight_zero_below): every score with weight, as the normalizer
+    module computes it on the whole row, is at or above it, for rows of any spread and any
+    subset, and with keys masked out."""
+    from fairseq_entmax.normalizers.recomputable import recomputable_rows
+
+    normalizer = _normalizer(name)
+    rows_map, _ = recomputable_rows(normalizer)
+    generator = torch.Generator().manual_seed(0)
+    for spread in (0.1, 1.0, 10.0):
+        scores = spread * torch.randn(2, H, 16, 300, generator=generator, dtype=torch.float64)
+        scores[..., 290:] = float("-inf")
+        scores[0, :, 3] = float("-inf")  # fully masked rows: no bound below +inf
+        with torch.no_grad():  # as in the forward of blocked attention
+            weights = normalizer(scores.reshape(-1, 300).view(2 * H, 16, 300)).reshape(-1, 300)
+            params = rows_map.block_params(scores)
+        for subset in (scores[..., ::64], scores[..., 5:9], scores[..., :290].amax(-1, keepdim=True)):
+            with torch.no_grad():
+                bound = rows_map.weight_zero_below(subset.reshape(-1, subset.shape[-1]).clone(), params)
+            assert bool((scores.reshape(-1, 300)[weights > 0] >= bound.expand(-1, 300)[weights > 0]).all())
+            masked = (scores.reshape(-1, 300) == float("-inf")).all(dim=-1)
+            assert bool((bound[masked] == float("inf")).all())
+            if name in ("sparsemax", "entmax15"):  # top-k needs k scores, a softmax row has no bound
+                assert bool(torch.isfinite(bound[~masked]).all())
+
+
 @pytest.mark.parametrize("case", ["bias", "causal", "window", "gqa", "masked_rows"])
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
 def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
@@ -351,15 +379,14 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
     their P.V and backward over the key blocks with a nonzero weight only, and the outputs and
     the gradients of query, key, value, the additive mask and the alphas are those of the
     materialized path in float64, to 1e-12 of their scale."""
-    gathered = []
-    support_runs = blocked._Spec.support_runs
+    specs = []
+    spec_init = blocked._Spec.__init__
 
-    def recording(self, p, k0, k1):
-        runs = support_runs(self, p, k0, k1)
-        gathered.append((sum(r1 - r0 for r0, r1 in runs), k1 - k0))
-        return runs
+    def recording(self, *args):
+        spec_init(self, *args)
+        specs.append(self)
 
-    monkeypatch.setattr(blocked._Spec, "support_runs", recording)
+    monkeypatch.setattr(blocked._Spec, "__init__", recording)
     normalizer = _normalizer(name)
     query, key, value, bias = _clustered_case(kv_heads=2 if case == "gqa" else H)
     position = torch.arange(query.shape[-2])
@@ -384,6 +411,12 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
     for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
         _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
     if not is_causal:
+        # The key ranges each block's backward ran over, against the keys visible to it.
+        gathered = [
+            (sum(r1 - r0 for r0, r1 in runs), k1 - k0)
+            for spec in specs
+            for (*_, k0, k1), runs in zip(spec.blocks, spec.support)
+        ]
         skipped = sum(visible - kept for kept, visible in gathered)
         assert skipped > 0.5 * sum(visible for _, visible in gathered), gathered
 

@@ -146,19 +146,45 @@ class _Spec:
         blocks = -(-keys // SUPPORT_KEYS)
         padded = seen.new_zeros(blocks * SUPPORT_KEYS)
         padded[:keys] = seen
-        kept = padded.view(blocks, SUPPORT_KEYS).any(dim=1).tolist()
-        if sum(kept) * SUPPORT_KEYS > MOST_SUPPORT_GATHERED * keys:
-            return [(k0, k1)]
-        runs = []
-        for index, nonzero in enumerate(kept):
-            if not nonzero:
-                continue
-            start, end = k0 + index * SUPPORT_KEYS, min(k1, k0 + (index + 1) * SUPPORT_KEYS)
-            if runs and runs[-1][1] == start:
-                runs[-1] = (runs[-1][0], end)
-            else:
-                runs.append((start, end))
-        return runs
+        return _runs(padded.view(blocks, SUPPORT_KEYS).any(dim=1), k0, k1)
+
+    def search_among_candidates(self, scores, params, k0, k1):
+        """The forward of a sparse block on the CPU over its candidate keys only: the blocks of
+        SUPPORT_KEYS keys whose largest score, in some row, is at least the threshold of that
+        row's block maxima (rows.weight_zero_below). A row's own threshold is at least that of
+        any subset of its scores, so the keys of the other blocks have weight 0, and the
+        normalizer's search over the candidates finds the rows' own statistics.
+
+        Returns:
+            (the rows' statistics, the support's key ranges, the weights over the candidates'
+            keys (.., queries, candidate keys), the candidates' key ranges), or None where the
+            block is normalized whole: a dense map, dropout, an accelerator, a row with a NaN
+            or +inf score, or candidates in most of the keys.
+        """
+        keys = k1 - k0
+        if not self.maps_support or keys <= SUPPORT_KEYS or scores.device.type != "cpu":
+            return None
+        x = scores.view(-1, keys)
+        whole = keys - keys % SUPPORT_KEYS
+        block_max = x[:, :whole].view(x.shape[0], -1, SUPPORT_KEYS).amax(dim=-1)
+        if whole < keys:
+            block_max = torch.cat([block_max, x[:, whole:].amax(dim=-1, keepdim=True)], dim=-1)
+        m = block_max.amax(dim=-1, keepdim=True)
+        if bool(((m != m) | (m == float("inf"))).any()):
+            return None
+        lowest = self.rows.weight_zero_below(block_max.clone(), params)
+        candidate = (block_max >= lowest).any(dim=0)
+        candidate_runs = _runs(candidate, k0, k1)
+        if candidate_runs in ([], [(k0, k1)]):
+            return None
+        gathered = torch.cat([scores[:, :, r0 - k0 : r1 - k0] for r0, r1 in candidate_runs], dim=-1)
+        p, stats = self.rows.forward(gathered.view(x.shape[0], -1), params)
+        seen = (p != 0).any(dim=0)
+        padded = seen.new_zeros(-(-seen.numel() // SUPPORT_KEYS) * SUPPORT_KEYS)
+        padded[: seen.numel()] = seen
+        support = torch.zeros_like(candidate)
+        support[candidate.nonzero().squeeze(1)] = padded.view(-1, SUPPORT_KEYS).any(dim=1)
+        return stats, _runs(support, k0, k1), p.view_as(gathered), candidate_runs
 
     def runs_scores(self, query, key, value, b0, b1, q0, q1, runs):
         """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
@@ -190,9 +216,29 @@ class _Spec:
             else:
                 per_head.add_(mask)
         if self.causal and k1 - 1 > q0:
-            hidden = torch.arange(k0, k1, device=scores.device) > torch.arange(q0, q1, device=scores.device)[:, None]
-            per_head.masked_fill_(hidden, float("-inf"))
+            # Only the keys after the block's first query can be hidden from one of its queries.
+            first = max(k0, q0 + 1)
+            hidden = torch.arange(first, k1, device=scores.device) > torch.arange(q0, q1, device=scores.device)[:, None]
+            per_head[..., first - k0 :].masked_fill_(hidden, float("-inf"))
         return q, k, scores
+
+
+def _runs(kept, k0, k1):
+    """The key ranges of the SUPPORT_KEYS blocks of keys k0..k1 flagged in `kept` (a bool
+    tensor), consecutive blocks joined, or [(k0, k1)] where they hold most of the keys."""
+    kept = kept.tolist()
+    if sum(kept) * SUPPORT_KEYS > MOST_SUPPORT_GATHERED * (k1 - k0):
+        return [(k0, k1)]
+    runs = []
+    for index, nonzero in enumerate(kept):
+        if not nonzero:
+            continue
+        start, end = k0 + index * SUPPORT_KEYS, min(k1, k0 + (index + 1) * SUPPORT_KEYS)
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+    return runs
 
 
 def _flat_inputs(spec, query, key, value, work_dtype):
@@ -215,20 +261,29 @@ class _BlockedAttention(torch.autograd.Function):
         for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
             _, _, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
             params = spec.rows.block_params(scores.view(b1 - b0, spec.heads, q1 - q0, k1 - k0))
-            p, block_stats = spec.rows.forward(scores.view(-1, k1 - k0), params)
+            searched = spec.search_among_candidates(scores, params, k0, k1)
+            if searched is None:
+                p, block_stats = spec.rows.forward(scores.view(-1, k1 - k0), params)
+                p = p.view_as(scores)
+                if spec.dropout_p > 0:
+                    p = p.mul_(spec.dropout_keep(index, p))
+                runs = weighted_runs = spec.support_runs(p, k0, k1)
+                first_column = k0
+            else:
+                block_stats, runs, p, weighted_runs = searched
+                first_column = None  # p holds the weighted runs' keys one after the other
             if stats is None:
                 stats = [scores.new_empty((spec.batch, spec.heads, spec.queries)) for _ in block_stats]
             for saved, value_of_rows in zip(stats, block_stats):
                 saved[b0:b1, :, q0:q1] = value_of_rows.view(b1 - b0, spec.heads, q1 - q0)
-            p = p.view_as(scores)
-            if spec.dropout_p > 0:
-                p = p.mul_(spec.dropout_keep(index, p))
-            runs = spec.support_runs(p, k0, k1)
             spec.support.append(runs)
-            block_out = None
-            for r0, r1 in runs:
+            block_out, column = None, 0
+            for r0, r1 in weighted_runs:
                 v = v4[b0:b1, :, r0:r1].reshape(-1, r1 - r0, v4.shape[-1])
-                weights = p[:, :, r0 - k0 : r1 - k0]
+                if first_column is not None:
+                    column = r0 - first_column
+                weights = p[:, :, column : column + r1 - r0]
+                column += r1 - r0
                 block_out = torch.bmm(weights, v) if block_out is None else block_out.baddbmm_(weights, v)
             out[b0:b1, :, q0:q1] = block_out.view(b1 - b0, spec.heads, q1 - q0, -1)
         ctx.spec = spec

@@ -39,6 +39,17 @@ def _softmax_vjp(p, g):
     return g.addcmul_(p, g.sum(dim=-1, keepdim=True), value=-1.0)
 
 
+def _below_subset_threshold(rows, subset, params, scale):
+    """A score below which each row's weight is 0, from a subset of its scores (rows, s), for
+    a sparse map whose p is a function of z = (x - m) / scale - tau, zero below tau (stats
+    (m, tau, ...)): adding scores to a row only raises its threshold, so the subset's tau is a
+    lower bound of the row's. A margin of 1e-3 in z keeps rounding from dropping a score with
+    weight. A fully masked row gives +inf. Overwrites subset."""
+    masked = subset.amax(dim=-1, keepdim=True) == float("-inf")
+    _, (m, tau, *_) = rows.forward(subset, params)
+    return tau.sub(1e-3).mul_(scale).add_(m).masked_fill_(masked, float("inf"))
+
+
 class SoftmaxRows:
     """softmax; statistics (m, 1 / Z)."""
 
@@ -72,6 +83,9 @@ class SparsemaxRows:
     def block_params(self, scores):
         return None
 
+    def weight_zero_below(self, subset, params):
+        return _below_subset_threshold(self, subset, params, 1.0)
+
     def forward(self, x, params):
         m, masked = row_maxima(x)
         z = x.sub_(m).clamp_min_(-2.0)
@@ -95,6 +109,9 @@ class Entmax15Rows:
 
     def block_params(self, scores):
         return None
+
+    def weight_zero_below(self, subset, params):
+        return _below_subset_threshold(self, subset, params, 2.0)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
@@ -139,6 +156,11 @@ class AlphaEntmaxRows:
         if not uses_sync_free_path(scores) and not bool(is_softmax.any()):
             return am1, None, am1
         return am1, is_softmax, am1.masked_fill(is_softmax, 1.0)
+
+    def weight_zero_below(self, subset, params):
+        _, is_softmax, searched = params
+        below = _below_subset_threshold(self, subset, params, searched.reciprocal())
+        return below if is_softmax is None else below.masked_fill_(is_softmax, float("-inf"))
 
     def forward(self, x, params):
         _, is_softmax, searched = params
@@ -193,6 +215,9 @@ class TopKRows:
         a (rows, 1) tensor when counted from the visible keys."""
         k = self.normalizer.keys_kept(scores)
         return k if isinstance(k, int) else k.reshape(-1, 1)
+
+    def weight_zero_below(self, subset, params):
+        return _below_subset_threshold(self, subset, params, 1.0)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
