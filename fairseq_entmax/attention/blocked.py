@@ -134,32 +134,20 @@ class _Spec:
         keep = torch.rand(like.shape, generator=generator, device=like.device, dtype=like.dtype)
         return keep.ge_(self.dropout_p).mul_(1.0 / (1.0 - self.dropout_p))
 
-    def support_runs(self, p, k0, k1):
-        """The key ranges of a block whose weights p (.., queries, k1 - k0) are not all zero: the
-        runs of consecutive SUPPORT_KEYS blocks with a nonzero weight, or [(k0, k1)] where they
-        hold most of the keys (or the map is dense)."""
-        keys = k1 - k0
-        # On an accelerator, reading the map back would synchronise at every block.
-        if not self.maps_support or keys <= SUPPORT_KEYS or p.device.type != "cpu":
-            return [(k0, k1)]
-        seen = (p.reshape(-1, keys) != 0).any(dim=0)
-        blocks = -(-keys // SUPPORT_KEYS)
-        padded = seen.new_zeros(blocks * SUPPORT_KEYS)
-        padded[:keys] = seen
-        return _runs(padded.view(blocks, SUPPORT_KEYS).any(dim=1), k0, k1)
-
-    def search_among_candidates(self, scores, params, k0, k1):
-        """The forward of a sparse block on the CPU over its candidate keys only: the blocks of
-        SUPPORT_KEYS keys whose largest score, in some row, is at least the threshold of that
-        row's block maxima (rows.weight_zero_below). A row's own threshold is at least that of
-        any subset of its scores, so the keys of the other blocks have weight 0, and the
-        normalizer's search over the candidates finds the rows' own statistics.
+    def sparse_forward(self, scores, params, k0, k1):
+        """The forward of a sparse block on the CPU, over its candidate keys, with its support
+        map. From one pass over the scores, the maxima of each row's blocks of SUPPORT_KEYS
+        keys: their threshold bounds the row's from below (rows.zero_below), since a row's
+        threshold is at least that of any subset of its scores. The normalizer searches the
+        candidate blocks, whose maximum reaches that bound in some row, or the whole block
+        where they are most of it; the blocks whose maximum reaches the rows' own thresholds
+        then hold the support.
 
         Returns:
-            (the rows' statistics, the support's key ranges, the weights over the candidates'
-            keys (.., queries, candidate keys), the candidates' key ranges), or None where the
-            block is normalized whole: a dense map, dropout, an accelerator, a row with a NaN
-            or +inf score, or candidates in most of the keys.
+            (the rows' statistics, the support's key ranges, the weights (.., queries, keys
+            held), the key ranges the weights hold, one after the other), or None where the
+            block is normalized whole without a support map: a dense map, dropout, an
+            accelerator, or a row with a NaN or +inf score.
         """
         keys = k1 - k0
         if not self.maps_support or keys <= SUPPORT_KEYS or scores.device.type != "cpu":
@@ -172,19 +160,21 @@ class _Spec:
         m = block_max.amax(dim=-1, keepdim=True)
         if bool(((m != m) | (m == float("inf"))).any()):
             return None
-        lowest = self.rows.weight_zero_below(block_max.clone(), params)
-        candidate = (block_max >= lowest).any(dim=0)
-        candidate_runs = _runs(candidate, k0, k1)
-        if candidate_runs in ([], [(k0, k1)]):
+        unseen = m == float("-inf")  # fully masked rows: no weight anywhere
+
+        def holding_weight(stats):
+            lowest = self.rows.zero_below(stats, params).masked_fill_(unseen, float("inf"))
+            return _runs((block_max >= lowest).any(dim=0), k0, k1)
+
+        candidates = holding_weight(self.rows.forward(block_max.clone(), params)[1])
+        if not candidates:
             return None
-        gathered = torch.cat([scores[:, :, r0 - k0 : r1 - k0] for r0, r1 in candidate_runs], dim=-1)
-        p, stats = self.rows.forward(gathered.view(x.shape[0], -1), params)
-        seen = (p != 0).any(dim=0)
-        padded = seen.new_zeros(-(-seen.numel() // SUPPORT_KEYS) * SUPPORT_KEYS)
-        padded[: seen.numel()] = seen
-        support = torch.zeros_like(candidate)
-        support[candidate.nonzero().squeeze(1)] = padded.view(-1, SUPPORT_KEYS).any(dim=1)
-        return stats, _runs(support, k0, k1), p.view_as(gathered), candidate_runs
+        if candidates == [(k0, k1)]:
+            p, stats = self.rows.forward(x, params)
+            return stats, holding_weight(stats), p.view_as(scores), candidates
+        held = torch.cat([scores[:, :, r0 - k0 : r1 - k0] for r0, r1 in candidates], dim=-1)
+        p, stats = self.rows.forward(held.view(x.shape[0], -1), params)
+        return stats, holding_weight(stats), p.view_as(held), candidates
 
     def runs_scores(self, query, key, value, b0, b1, q0, q1, runs):
         """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
@@ -241,6 +231,16 @@ def _runs(kept, k0, k1):
     return runs
 
 
+def _columns(runs, held):
+    """Where each key range of `runs` starts among the columns of weights that hold the key
+    ranges `held` one after the other (each run lies within one of them)."""
+    starts, column = [], 0
+    for h0, h1 in held:
+        starts.append((h0, h1, column))
+        column += h1 - h0
+    return [next(column + r0 - h0 for h0, h1, column in starts if h0 <= r0 < h1) for r0, _ in runs]
+
+
 def _flat_inputs(spec, query, key, value, work_dtype):
     """query (batch, heads, queries, dim) and key, value (batch, kv heads, keys, dim), contiguous
     (the blocks' views rely on it), in the compute dtype."""
@@ -261,30 +261,27 @@ class _BlockedAttention(torch.autograd.Function):
         for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
             _, _, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
             params = spec.rows.block_params(scores.view(b1 - b0, spec.heads, q1 - q0, k1 - k0))
-            searched = spec.search_among_candidates(scores, params, k0, k1)
-            if searched is None:
+            found = spec.sparse_forward(scores, params, k0, k1)
+            if found is None:
                 p, block_stats = spec.rows.forward(scores.view(-1, k1 - k0), params)
                 p = p.view_as(scores)
                 if spec.dropout_p > 0:
                     p = p.mul_(spec.dropout_keep(index, p))
-                runs = weighted_runs = spec.support_runs(p, k0, k1)
-                first_column = k0
+                runs = held = [(k0, k1)]
             else:
-                block_stats, runs, p, weighted_runs = searched
-                first_column = None  # p holds the weighted runs' keys one after the other
+                block_stats, runs, p, held = found
             if stats is None:
                 stats = [scores.new_empty((spec.batch, spec.heads, spec.queries)) for _ in block_stats]
             for saved, value_of_rows in zip(stats, block_stats):
                 saved[b0:b1, :, q0:q1] = value_of_rows.view(b1 - b0, spec.heads, q1 - q0)
             spec.support.append(runs)
-            block_out, column = None, 0
-            for r0, r1 in weighted_runs:
+            block_out = None
+            for (r0, r1), column in zip(runs, _columns(runs, held)):
                 v = v4[b0:b1, :, r0:r1].reshape(-1, r1 - r0, v4.shape[-1])
-                if first_column is not None:
-                    column = r0 - first_column
                 weights = p[:, :, column : column + r1 - r0]
-                column += r1 - r0
                 block_out = torch.bmm(weights, v) if block_out is None else block_out.baddbmm_(weights, v)
+            if block_out is None:  # no key with weight: fully masked rows
+                block_out = p.new_zeros(p.shape[0], p.shape[1], v4.shape[-1])
             out[b0:b1, :, q0:q1] = block_out.view(b1 - b0, spec.heads, q1 - q0, -1)
         ctx.spec = spec
         ctx.save_for_backward(query, key, value, attn_mask, alpha, *(stats or ()))

@@ -39,15 +39,12 @@ def _softmax_vjp(p, g):
     return g.addcmul_(p, g.sum(dim=-1, keepdim=True), value=-1.0)
 
 
-def _below_subset_threshold(rows, subset, params, scale):
-    """A score below which each row's weight is 0, from a subset of its scores (rows, s), for
-    a sparse map whose p is a function of z = (x - m) / scale - tau, zero below tau (stats
-    (m, tau, ...)): adding scores to a row only raises its threshold, so the subset's tau is a
-    lower bound of the row's. A margin of 1e-3 in z keeps rounding from dropping a score with
-    weight. A fully masked row gives +inf. Overwrites subset."""
-    masked = subset.amax(dim=-1, keepdim=True) == float("-inf")
-    _, (m, tau, *_) = rows.forward(subset, params)
-    return tau.sub(1e-3).mul_(scale).add_(m).masked_fill_(masked, float("inf"))
+def _zero_below(stats, scale):
+    """The score below which a row's weight is 0, from its statistics (m, tau, ...), for a map
+    whose p is a function of z = (x - m) / scale - tau, zero below 0. A margin of 1e-3 in z
+    keeps rounding from dropping a score with weight."""
+    m, tau = stats[0], stats[1]
+    return tau.sub(1e-3).mul_(scale).add_(m)
 
 
 class SoftmaxRows:
@@ -83,8 +80,11 @@ class SparsemaxRows:
     def block_params(self, scores):
         return None
 
-    def weight_zero_below(self, subset, params):
-        return _below_subset_threshold(self, subset, params, 1.0)
+    def zero_below(self, stats, params):
+        """The score below which each row's weight is 0, (rows, 1), from the statistics of its
+        forward. Those of a subset of a row's scores give a lower bound: adding scores to a row
+        only raises its threshold (blocked attention's support map)."""
+        return _zero_below(stats, 1.0)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
@@ -110,8 +110,8 @@ class Entmax15Rows:
     def block_params(self, scores):
         return None
 
-    def weight_zero_below(self, subset, params):
-        return _below_subset_threshold(self, subset, params, 2.0)
+    def zero_below(self, stats, params):
+        return _zero_below(stats, 2.0)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
@@ -157,9 +157,9 @@ class AlphaEntmaxRows:
             return am1, None, am1
         return am1, is_softmax, am1.masked_fill(is_softmax, 1.0)
 
-    def weight_zero_below(self, subset, params):
+    def zero_below(self, stats, params):
         _, is_softmax, searched = params
-        below = _below_subset_threshold(self, subset, params, searched.reciprocal())
+        below = _zero_below(stats, searched.reciprocal())
         return below if is_softmax is None else below.masked_fill_(is_softmax, float("-inf"))
 
     def forward(self, x, params):
@@ -216,8 +216,8 @@ class TopKRows:
         k = self.normalizer.keys_kept(scores)
         return k if isinstance(k, int) else k.reshape(-1, 1)
 
-    def weight_zero_below(self, subset, params):
-        return _below_subset_threshold(self, subset, params, 1.0)
+    def zero_below(self, stats, params):
+        return _zero_below(stats, 1.0)  # z = x - m >= the k-th largest
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
