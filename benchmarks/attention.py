@@ -23,7 +23,8 @@ normalizer module, times the values; transformers' eager attention with the func
 normalizer, for llama), alpha_entmax with a learned alpha per head (random init; clustered: 1.5),
 topk with k = 8.
 
-Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the pass once:
+Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the pass once; with
+--rounds N every row is measured N times, the rows in turn, and the medians are kept:
   seconds   the wall time of the forward and backward (short and step: per pass, per call);
   peak MiB  the peak resident set size (getrusage) minus the resident size just before the pass.
 A process whose pass needs more than --memory-limit GiB of address space is stopped by that
@@ -38,6 +39,7 @@ limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
 import argparse
 import json
 import resource
+import statistics
 import sys
 import time
 
@@ -283,6 +285,11 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
     return {"seconds": seconds, "peak_mib": peak}
 
 
+def _median_pass(passes):
+    """The median seconds and peak MiB of a row's passes (each a measure result)."""
+    return {key: statistics.median(result[key] for result in passes) for key in ("seconds", "peak_mib")}
+
+
 def rows(setting):
     """The (path, normalizer) rows of a setting's table, torch's sdpa first."""
     paths = ("blocked", "blocks", "materialized") if setting == "short" else ("blocked", "materialized")
@@ -303,6 +310,7 @@ def build_parser():
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="passes of each row, interleaved; the median is kept")
     parser.add_argument("--memory-limit", type=float, default=16.0, help="GiB of address space per process (CPU)")
     parser.add_argument(
         "--skip-materialized-above",
@@ -316,8 +324,8 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.threads < 1 or args.memory_limit <= 0:
-        print("attention: --threads and --memory-limit must be positive", file=sys.stderr)
+    if args.threads < 1 or args.rounds < 1 or args.memory_limit <= 0:
+        print("attention: --threads, --rounds and --memory-limit must be positive", file=sys.stderr)
         return 2
     import torch
 
@@ -349,13 +357,29 @@ def main(argv=None):
                     print("zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, value in sparsity.items()))
                 print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
                 print("|---|---|---|---|---|---|")
+                table = [(path, name) for path, name in rows(setting)]
+                table = [row for row in table if row[0] != "materialized" or tokens <= args.skip_materialized_above]
+                # Rounds of every row in turn (A, B, C, A, B, C, ...): a slower minute of the
+                # machine slows each row alike, and the median is kept.
+                measured = {row: [] for row in table}
+                for _ in range(args.rounds):
+                    for path, name in table:
+                        measured[path, name].append(
+                            call_in_fresh_process(
+                                measure,
+                                setting,
+                                path,
+                                name,
+                                tokens,
+                                causal,
+                                args.device,
+                                args.threads,
+                                args.memory_limit,
+                            )
+                        )
                 baseline = None
-                for path, name in rows(setting):
-                    if path == "materialized" and tokens > args.skip_materialized_above:
-                        continue
-                    result = call_in_fresh_process(
-                        measure, setting, path, name, tokens, causal, args.device, args.threads, args.memory_limit
-                    )
+                for (path, name), passes in measured.items():
+                    result = passes[0] if "refused" in passes[0] else _median_pass(passes)
                     results.append(
                         dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result)
                     )

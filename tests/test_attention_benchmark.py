@@ -61,3 +61,27 @@ def test_the_clustered_table_gives_each_normalizers_zero_key_blocks(tmp_path):
     assert sparsity["softmax"] == 0 and min(sparsity[name] for name in ("sparsemax", "entmax15", "topk")) > 0.6
     assert [r["path"] for r in results] == ["sdpa"] + ["blocked"] * len(NORMALIZER_NAMES)
     assert "clustered, 1,024 tokens, causal" in finished.stdout and "zero key blocks: softmax 0.00" in finished.stdout
+
+
+def test_rounds_measure_the_rows_in_turn_and_keep_the_medians(tmp_path, monkeypatch):
+    """--rounds 3: every row three times, the rows in turn (A, B, A, B, ...), the median of each
+    row's seconds and peak memory reported."""
+    import benchmarks.attention as attention
+
+    calls = []
+
+    def fake_pass(function, setting, path, name, *rest):
+        calls.append((path, name))
+        seconds = [1.0, 2.0, 6.0][sum(call == (path, name) for call in calls) - 1]
+        return {"seconds": seconds * (2 if path == "blocked" else 1), "peak_mib": 10.0 * len(calls)}
+
+    monkeypatch.setattr(attention, "call_in_fresh_process", fake_pass)
+    out = tmp_path / "attention.json"
+    assert attention.main(["--settings", "step", "--tokens", "64", "--rounds", "3", "--json", str(out)]) == 0
+    table = rows("step")
+    assert calls == table * 3
+    report = json.loads(out.read_text())["results"]
+    assert [(r["path"], r["normalizer"]) for r in report] == table
+    assert [r["seconds"] for r in report] == [4.0 if path == "blocked" else 2.0 for path, _ in table]
+    assert report[0]["peak_mib"] == 10.0 * (1 + len(table))
+    assert attention.main(["--rounds", "0"]) == 2
