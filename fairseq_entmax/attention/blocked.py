@@ -137,7 +137,7 @@ class _Spec:
     def sparse_forward(self, scores, params, k0, k1):
         """The forward of a sparse block on the CPU, over its candidate keys, with its support
         map. From one pass over the scores, the maxima of each row's blocks of SUPPORT_KEYS
-        keys: their threshold bounds the row's from below (rows.zero_below), since a row's
+        keys: their threshold bounds the row's from below (rows.may_weigh), since a row's
         threshold is at least that of any subset of its scores. The normalizer searches the
         candidate blocks, whose maximum reaches that bound in some row, or the whole block
         where they are most of it; the blocks whose maximum reaches the rows' own thresholds
@@ -160,11 +160,10 @@ class _Spec:
         m = block_max.amax(dim=-1, keepdim=True)
         if bool(((m != m) | (m == float("inf"))).any()):
             return None
-        unseen = m == float("-inf")  # fully masked rows: no weight anywhere
+        seen = m > float("-inf")  # fully masked rows have no weight anywhere
 
         def holding_weight(stats):
-            lowest = self.rows.zero_below(stats, params).masked_fill_(unseen, float("inf"))
-            return _runs((block_max >= lowest).any(dim=0), k0, k1)
+            return _runs(self.rows.may_weigh(block_max, stats, params).logical_and_(seen).any(dim=0), k0, k1)
 
         candidates = holding_weight(self.rows.forward(block_max.clone(), params)[1])
         if not candidates:

@@ -39,12 +39,10 @@ def _softmax_vjp(p, g):
     return g.addcmul_(p, g.sum(dim=-1, keepdim=True), value=-1.0)
 
 
-def _zero_below(stats, scale):
-    """The score below which a row's weight is 0, from its statistics (m, tau, ...), for a map
-    whose p is a function of z = (x - m) / scale - tau, zero below 0. A margin of 1e-3 in z
-    keeps rounding from dropping a score with weight."""
-    m, tau = stats[0], stats[1]
-    return tau.sub(1e-3).mul_(scale).add_(m)
+def _reaches_threshold(z, tau):
+    """Whether z (rows, n), computed from the scores as the forward computes it, reaches the
+    row's tau less 1e-3, a margin against the rounding of a tau found on fewer scores."""
+    return torch.ge(z, tau - 1e-3)
 
 
 class SoftmaxRows:
@@ -80,11 +78,13 @@ class SparsemaxRows:
     def block_params(self, scores):
         return None
 
-    def zero_below(self, stats, params):
-        """The score below which each row's weight is 0, (rows, 1), from the statistics of its
-        forward. Those of a subset of a row's scores give a lower bound: adding scores to a row
-        only raises its threshold (blocked attention's support map)."""
-        return _zero_below(stats, 1.0)
+    def may_weigh(self, x, stats, params):
+        """Whether each score of x (rows, n) may have weight, by the row statistics of a
+        forward (blocked attention's support map): False only where it has none. Statistics
+        found on a subset of a row's scores serve too, since adding scores to a row only
+        raises its threshold. A fully masked row gives all False."""
+        m, tau = stats[0], stats[1]
+        return _reaches_threshold(x - m, tau)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
@@ -110,8 +110,9 @@ class Entmax15Rows:
     def block_params(self, scores):
         return None
 
-    def zero_below(self, stats, params):
-        return _zero_below(stats, 2.0)
+    def may_weigh(self, x, stats, params):
+        m, tau = stats[0], stats[1]
+        return _reaches_threshold((x - m).mul_(0.5), tau)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
@@ -157,10 +158,10 @@ class AlphaEntmaxRows:
             return am1, None, am1
         return am1, is_softmax, am1.masked_fill(is_softmax, 1.0)
 
-    def zero_below(self, stats, params):
-        _, is_softmax, searched = params
-        below = _zero_below(stats, searched.reciprocal())
-        return below if is_softmax is None else below.masked_fill_(is_softmax, float("-inf"))
+    def may_weigh(self, x, stats, params):
+        (m, tau, _), (_, is_softmax, searched) = stats, params
+        weighs = _reaches_threshold((x - m).mul_(searched), tau)
+        return weighs if is_softmax is None else weighs.logical_or_(is_softmax)
 
     def forward(self, x, params):
         _, is_softmax, searched = params
@@ -216,8 +217,9 @@ class TopKRows:
         k = self.normalizer.keys_kept(scores)
         return k if isinstance(k, int) else k.reshape(-1, 1)
 
-    def zero_below(self, stats, params):
-        return _zero_below(stats, 1.0)  # z = x - m >= the k-th largest
+    def may_weigh(self, x, stats, params):
+        m, kth = stats[0], stats[1]  # weight where x - m >= the k-th largest
+        return _reaches_threshold(x - m, kth)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
