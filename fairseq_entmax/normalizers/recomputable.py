@@ -82,7 +82,8 @@ class SparsemaxRows:
         """Whether each score of x (rows, n) may have weight, by the row statistics of a
         forward (blocked attention's support map): False only where it has none. Statistics
         found on a subset of a row's scores serve too, since adding scores to a row only
-        raises its threshold. A fully masked row gives all False."""
+        raises its threshold. z is computed as the forward computes it, so that rounding
+        cannot drop a score with weight. (Fully masked rows are the caller's to leave out.)"""
         m, tau = stats[0], stats[1]
         return _reaches_threshold(x - m, tau)
 
