@@ -357,8 +357,9 @@ def main(argv=None):
                     print("zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, value in sparsity.items()))
                 print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
                 print("|---|---|---|---|---|---|")
-                table = [(path, name) for path, name in rows(setting)]
-                table = [row for row in table if row[0] != "materialized" or tokens <= args.skip_materialized_above]
+                table = [
+                    row for row in rows(setting) if row[0] != "materialized" or tokens <= args.skip_materialized_above
+                ]
                 # Rounds of every row in turn (A, B, C, A, B, C, ...): a slower minute of the
                 # machine slows each row alike, and the median is kept.
                 measured = {row: [] for row in table}

@@ -162,18 +162,21 @@ class _Spec:
             return None
         seen = m > float("-inf")  # fully masked rows have no weight anywhere
 
-        def holding_weight(stats):
-            return _runs(self.rows.may_weigh(block_max, stats, params).logical_and_(seen).any(dim=0), k0, k1)
+        def may_weigh(stats):  # per key block: whether some row may give it weight
+            return self.rows.may_weigh(block_max, stats, params).logical_and_(seen).any(dim=0)
 
-        candidates = holding_weight(self.rows.forward(block_max.clone(), params)[1])
+        candidate = may_weigh(self.rows.forward(block_max.clone(), params)[1])
+        candidates = _runs(candidate, k0, k1)
         if not candidates:
             return None
         if candidates == [(k0, k1)]:
             p, stats = self.rows.forward(x, params)
-            return stats, holding_weight(stats), p.view_as(scores), candidates
+            return stats, _runs(may_weigh(stats), k0, k1), p.view_as(scores), candidates
         held = torch.cat([scores[:, :, r0 - k0 : r1 - k0] for r0, r1 in candidates], dim=-1)
         p, stats = self.rows.forward(held.view(x.shape[0], -1), params)
-        return stats, holding_weight(stats), p.view_as(held), candidates
+        # The weights are the candidates' only: a block the two searches' rounding would let
+        # in beside them has none.
+        return stats, _runs(may_weigh(stats).logical_and_(candidate), k0, k1), p.view_as(held), candidates
 
     def runs_scores(self, query, key, value, b0, b1, q0, q1, runs):
         """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
