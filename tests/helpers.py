@@ -53,6 +53,10 @@ OPTIMIZATION_ARGS = arguments(
 )
 # The languages of write_tiny_corpus, for the commands that need them named.
 TINY_LANGUAGES = arguments("--source-lang src --target-lang tgt")
+# No data-loader process in the commands that load a checkpoint (run_on_checkpoint), as the
+# drivers pass on the CPU (examples/pipeline/training.py's CPU_ARGS): in a command run in this
+# process its shutdown waits out its 5 s timeout, which was most of a tiny fairseq-generate.
+NO_LOADER_PROCESS = arguments("--num-workers 0")
 # --num-workers 0: the tiny corpus' epochs are a few updates each, and fairseq's loader process
 # per epoch cost a tiny training 15% of its time.
 TRAINING_ARGS = OPTIMIZATION_ARGS + arguments(
@@ -148,13 +152,23 @@ def run_on_model(command, model, *arguments, **run_options):
 
 def run_on_checkpoint(command, data_bin, checkpoint, *arguments, **run_options):
     """run_on_model for a checkpoint that conftest's `trained_model` did not train (a test's
-    own fairseq-train run): `command DATA-BIN --user-dir ... --path CHECKPOINT *arguments`.
+    own fairseq-train run): `command DATA-BIN --user-dir ... --path CHECKPOINT *arguments
+    --num-workers 0` (NO_LOADER_PROCESS).
 
     Returns:
         The finished command, as run returns it.
     """
     return run(
-        [fairseq_command(command), data_bin, "--user-dir", USER_DIR, "--path", checkpoint, *arguments],
+        [
+            fairseq_command(command),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            checkpoint,
+            *arguments,
+            *NO_LOADER_PROCESS,
+        ],
         **run_options,
     )
 

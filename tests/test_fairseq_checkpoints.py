@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import USER_DIR, fairseq_command, run, run_on_checkpoint
+from helpers import USER_DIR, run_on_checkpoint
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
@@ -50,19 +50,7 @@ def test_checkpoint_saved_under_numpy_1_loads(trained_model, tmp_path):
                 data = data.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
             target.writestr(item, data)
 
-    proc = run(
-        [
-            fairseq_command("fairseq-generate"),
-            model.data_bin,
-            "--path",
-            numpy1,
-            "--user-dir",
-            USER_DIR,
-            "--cpu",
-            "--beam",
-            "2",
-        ]
-    )
+    proc = run_on_checkpoint("fairseq-generate", model.data_bin, numpy1, "--cpu", "--beam", "2")
     assert "Translated 40 sentences" in proc.stdout + proc.stderr
 
 

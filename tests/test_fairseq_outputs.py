@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, arguments, fairseq_command, run, run_interactive, train_tiny
+from helpers import USER_DIR, arguments, run_interactive, run_on_checkpoint, train_tiny
 
 # Every test here trains through fairseq-train or runs a fairseq command.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]
@@ -139,23 +139,12 @@ def test_softmax_output_logs_the_whole_vocabulary_as_support(trained, tiny_data)
 
 
 def _generate(save_dir, tiny_data, *arguments):
-    return run(
-        [
-            fairseq_command("fairseq-generate"),
-            tiny_data.data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--path",
-            save_dir / "checkpoint_last.pt",
-            "--gen-subset",
-            "test",
-            "--cpu",
-            "--beam",
-            str(BEAM),
-            "--batch-size",
-            "16",
-            *arguments,
-        ]
+    return run_on_checkpoint(
+        "fairseq-generate",
+        tiny_data.data_bin,
+        save_dir / "checkpoint_last.pt",
+        *("--gen-subset", "test", "--cpu", "--beam", str(BEAM), "--batch-size", "16"),
+        *arguments,
     ).stdout
 
 
