@@ -13,6 +13,11 @@ Settings:
          scores that fall with the distance between query and key, each head at its own
          offset, plus 4 keys every query attends to; each table gives each normalizer's
          fraction of zero key blocks (block_sparsity), which the blocked function skips;
+  captured  raw attention, causal, on the queries, keys and values of a small byte-level language
+         model with learned alpha-entmax, trained here on --text (benchmarks/captured_attention.py;
+         minutes, once, then read from --capture-dir): its 2 layers' 4 heads side by side, each
+         head of alpha_entmax at its learned alpha; the fraction of zero key blocks is given per
+         head too. Not in the default --settings.
   step   a generation step: one query against keys (batch 4, 8 heads, head dim 64), forward only,
          the mean over STEP_CALLS calls (its peak memory is that of one call);
   llama  a Hugging Face Llama (hidden 256, 8 heads, 2 layers, intermediate 512, vocabulary 1,000),
@@ -20,7 +25,8 @@ Settings:
 Rows: torch's scaled_dot_product_attention (sdpa), then each normalizer through the blocked
 function ("blocked") and through the materialized path ("materialized": the scores, the
 normalizer module, times the values; transformers' eager attention with the function's
-normalizer, for llama), alpha_entmax with a learned alpha per head (random init; clustered: 1.5),
+normalizer, for llama), alpha_entmax with a learned alpha per head (random init; clustered: 1.5;
+captured: the model's),
 topk with k = 8.
 
 Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the pass once; with
@@ -33,23 +39,29 @@ limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
     python -m benchmarks.attention                                  # every setting, 1 thread
     python -m benchmarks.attention --settings raw --tokens 1024 4096 --json out.json
     python -m benchmarks.attention --settings short --causal full
+    python -m benchmarks.attention --settings captured --text train.en      # a model trained on it
     python -m benchmarks.attention --device cuda                    # on a GPU (memory: CUDA's peak)
 """
 
 import argparse
+import functools
 import json
 import resource
 import statistics
 import sys
 import time
+from pathlib import Path
 
+from benchmarks import captured_attention
 from benchmarks.fresh_process import call_in_fresh_process
 from fairseq_entmax.names import NORMALIZER_NAMES
 
-SETTINGS = ("raw", "clustered", "short", "step", "llama")
+SETTINGS = ("raw", "clustered", "captured", "short", "step", "llama")
+DEFAULT_SETTINGS = ("raw", "clustered", "short", "step", "llama")
 DEFAULT_TOKENS = {
     "raw": (1024, 4096, 16384),
     "clustered": (4096, 16384),
+    "captured": (4096,),
     "short": (32, 128, 512),
     "step": (64, 256, 1024),
     "llama": (2048, 8192),
@@ -60,6 +72,8 @@ SPARSITY_QUERIES = 64
 STEP_CALLS = 200
 SHORT_BATCH_TOKENS, SHORT_PASSES = 4096, 10
 HEADS, HEAD_DIM = 8, 64
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TEXT = REPO.parent / "shared/data/iwslt16_de_en_sample/train.en"
 
 
 def _rss_mib():
@@ -106,47 +120,71 @@ def _clustered_options(normalizer_name):
     return {"alpha_init": 1.5} if normalizer_name == "alpha_entmax" else {}
 
 
-def block_sparsity(normalizer_name, tokens, device="cpu"):
+def _patterned_inputs(normalizer_name, tokens, device, capture=None):
+    """The clustered setting's query, key and value (capture None) or those of a capture file
+    (captured_attention.capture), with the normalizer module built for them."""
+    import torch
+
+    from fairseq_entmax.normalizers import build_normalizer
+
+    if capture is None:
+        query, key, value = clustered_inputs(tokens, device)
+        return query, key, value, build_normalizer(normalizer_name, HEADS, **_clustered_options(normalizer_name))
+    saved = torch.load(capture, weights_only=True)
+    query, key, value = (saved[name].to(device).requires_grad_() for name in ("query", "key", "value"))
+    normalizer = build_normalizer(normalizer_name, HEADS)
+    if normalizer.learns_alpha:
+        with torch.no_grad():
+            normalizer.alpha_logit.copy_(saved["alpha_logit"])
+    return query, key, value, normalizer
+
+
+def block_sparsity(normalizer_name, tokens, device="cpu", capture=None):
     """The fraction of the causally visible (SPARSITY_QUERIES queries, SUPPORT_KEYS keys) blocks
-    of clustered_inputs in which the normalizer gives every weight of every head 0."""
+    of the clustered inputs (or of a capture file's) in which the normalizer gives 0 weight.
+
+    Returns:
+        (the fraction where every head's weights are 0, which the blocked function skips; the
+        fraction of each head, a list).
+    """
     import torch
 
     from fairseq_entmax.attention.blocked import SUPPORT_KEYS
-    from fairseq_entmax.normalizers import build_normalizer
 
     torch.manual_seed(0)
-    query, key, _ = clustered_inputs(tokens, device)
-    normalizer = build_normalizer(normalizer_name, HEADS, **_clustered_options(normalizer_name)).to(device)
-    zero = visible = 0
+    query, key, _, normalizer = _patterned_inputs(normalizer_name, tokens, device, capture)
+    normalizer.to(device)
+    zero_heads, zero, visible = torch.zeros(HEADS), 0, 0
     with torch.no_grad():
         for q0 in range(0, tokens, SPARSITY_QUERIES):
             q1 = min(tokens, q0 + SPARSITY_QUERIES)
             scores = torch.matmul(query[:, :, q0:q1], key[:, :, :q1].transpose(-1, -2)) * HEAD_DIM**-0.5
             future = torch.arange(q1, device=device) > torch.arange(q0, q1, device=device)[:, None]
             weights = normalizer(scores.masked_fill(future, float("-inf")).view(HEADS, q1 - q0, q1))
-            seen = (weights != 0).any(dim=1).any(dim=0)
             blocks = -(-q1 // SUPPORT_KEYS)
-            padded = torch.nn.functional.pad(seen, (0, blocks * SUPPORT_KEYS - q1))
-            zero += int((~padded.view(blocks, SUPPORT_KEYS).any(dim=1)).sum())
+            seen = torch.nn.functional.pad((weights != 0).any(dim=1), (0, blocks * SUPPORT_KEYS - q1))
+            seen = seen.view(HEADS, blocks, SUPPORT_KEYS).any(dim=2).cpu()
+            zero_heads += (~seen).sum(dim=1)
+            zero += int((~seen.any(dim=0)).sum())
             visible += blocks
-    return zero / visible
+    return zero / visible, (zero_heads / visible).tolist()
 
 
-def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1, clustered=False):
+def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1, clustered=False, capture=None):
     import torch
 
     from fairseq_entmax.attention import scaled_dot_product_attention
     from fairseq_entmax.normalizers import build_normalizer
 
     torch.manual_seed(0)
-    if clustered:
-        query, key, value = clustered_inputs(tokens, device)
+    if clustered or capture:
+        query, key, value, normalizer = _patterned_inputs(normalizer_name, tokens, device, capture)
     else:
         query, key, value = (
             torch.randn(batch, HEADS, tokens, HEAD_DIM, device=device, requires_grad=True) for _ in range(3)
         )
-    options = _clustered_options(normalizer_name) if clustered else {}
-    normalizer = None if path == "sdpa" else build_normalizer(normalizer_name, HEADS, **options).to(device)
+        normalizer = build_normalizer(normalizer_name, HEADS)
+    normalizer = None if path == "sdpa" else normalizer.to(device)
 
     def materialized():
         scores = torch.matmul(query, key.transpose(-1, -2)) * HEAD_DIM**-0.5
@@ -178,6 +216,10 @@ def _raw_pass(path, normalizer_name, tokens, causal, device, batch=1, passes=1, 
 
 def _clustered_pass(path, normalizer_name, tokens, causal, device):
     return _raw_pass(path, normalizer_name, tokens, causal, device, clustered=True)
+
+
+def _captured_pass(path, normalizer_name, tokens, causal, device, capture):
+    return _raw_pass(path, normalizer_name, tokens, causal, device, capture=capture)
 
 
 def _short_pass(path, normalizer_name, tokens, causal, device):
@@ -241,8 +283,8 @@ def _llama_pass(path, normalizer_name, tokens, causal, device):
     return run
 
 
-def measure(setting, path, normalizer_name, tokens, causal, device, threads, memory_limit_gib):
-    """One pass in this (fresh) process.
+def measure(setting, path, normalizer_name, tokens, causal, device, threads, memory_limit_gib, capture=None):
+    """One pass in this (fresh) process (capture: the captured setting's file).
 
     Returns:
         {"seconds": float, "peak_mib": float} or {"refused": message} where the memory limit
@@ -257,6 +299,7 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
     build = {
         "raw": _raw_pass,
         "clustered": _clustered_pass,
+        "captured": functools.partial(_captured_pass, capture=capture),
         "short": _short_pass,
         "step": _step_pass,
         "llama": _llama_pass,
@@ -290,6 +333,12 @@ def _median_pass(passes):
     return {key: statistics.median(result[key] for result in passes) for key in ("seconds", "peak_mib")}
 
 
+def _capture(text, tokens, path):
+    """Train the captured setting's model if its capture is not on file; its source and alphas."""
+    saved = captured_attention.capture(text, tokens, path, log=functools.partial(print, flush=True))
+    return saved["source"], saved["alpha"].tolist()
+
+
 def rows(setting):
     """The (path, normalizer) rows of a setting's table, torch's sdpa first."""
     paths = ("blocked", "blocks", "materialized") if setting == "short" else ("blocked", "materialized")
@@ -298,7 +347,7 @@ def rows(setting):
 
 def build_parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(DEFAULT_SETTINGS))
     parser.add_argument(
         "--tokens", nargs="+", type=int, help="lengths (default: 1,024 4,096 16,384; llama 2,048 8,192)"
     )
@@ -318,6 +367,15 @@ def build_parser():
         default=16384,
         help="tokens above which the materialized rows are skipped",
     )
+    parser.add_argument(
+        "--text", type=Path, default=DEFAULT_TEXT, help="captured: the model's training text (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--capture-dir",
+        type=Path,
+        default=REPO / "runs" / "attention-capture",
+        help="captured: where the trained model's captures are kept (default: %(default)s)",
+    )
     parser.add_argument("--json", help="also write the results here")
     return parser
 
@@ -326,6 +384,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.memory_limit <= 0:
         print("attention: --threads, --rounds and --memory-limit must be positive", file=sys.stderr)
+        return 2
+    if "captured" in args.settings and not args.text.is_file():
+        print(f"attention: the captured setting trains on --text, and {args.text} is not a file", file=sys.stderr)
         return 2
     import torch
 
@@ -340,7 +401,7 @@ def main(argv=None):
     results = []
     for setting in args.settings:
         shapes = (
-            [setting in ("llama", "clustered")]
+            [setting in ("llama", "clustered", "captured")]
             if setting not in ("raw", "short")
             else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
         )
@@ -348,13 +409,22 @@ def main(argv=None):
             for causal in shapes:
                 shape = "one query" if setting == "step" else "causal" if causal else "full"
                 print(f"\n{setting}, {tokens:,} tokens, {shape}")
-                sparsity = {}
-                if setting == "clustered":
+                sparsity, capture = {}, None
+                if setting == "captured":
+                    capture = args.capture_dir / f"{args.text.stem}-{tokens}.pt"
+                    source, alphas = call_in_fresh_process(_capture, args.text, tokens, capture)
+                    print(f"captured from a byte model trained on {source}")
+                    print("learned alphas: " + " ".join(f"{alpha:.2f}" for alpha in alphas))
+                if setting in ("clustered", "captured"):
                     sparsity = {
-                        name: call_in_fresh_process(block_sparsity, name, tokens, args.device)
+                        name: call_in_fresh_process(block_sparsity, name, tokens, args.device, capture)
                         for name in NORMALIZER_NAMES
                     }
-                    print("zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, value in sparsity.items()))
+                    print(
+                        "zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, (value, _) in sparsity.items())
+                    )
+                    for name, (_, heads) in sparsity.items():
+                        print(f"  per head, {name}: " + " ".join(f"{value:.2f}" for value in heads))
                 print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
                 print("|---|---|---|---|---|---|")
                 table = [
@@ -376,6 +446,7 @@ def main(argv=None):
                                 args.device,
                                 args.threads,
                                 args.memory_limit,
+                                capture,
                             )
                         )
                 baseline = None
@@ -385,7 +456,7 @@ def main(argv=None):
                         dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result)
                     )
                     if name in sparsity and path != "sdpa":
-                        results[-1]["zero_key_blocks"] = sparsity[name]
+                        results[-1]["zero_key_blocks"], results[-1]["zero_key_blocks_per_head"] = sparsity[name]
                     if "refused" in result:
                         print(f"| {path} | {name} | {result['refused']} | | | |", flush=True)
                         continue
