@@ -36,7 +36,7 @@ Each measurement is a fresh process (benchmarks/fresh_process.py) that runs the 
 A process whose pass needs more than --memory-limit GiB of address space is stopped by that
 limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
 
-    python -m benchmarks.attention                                  # every setting, 1 thread
+    python -m benchmarks.attention                                  # every setting but captured
     python -m benchmarks.attention --settings raw --tokens 1024 4096 --json out.json
     python -m benchmarks.attention --settings short --causal full
     python -m benchmarks.attention --settings captured --text train.en      # a model trained on it
@@ -412,7 +412,11 @@ def main(argv=None):
                 sparsity, capture = {}, None
                 if setting == "captured":
                     capture = args.capture_dir / f"{args.text.stem}-{tokens}.pt"
-                    source, alphas = call_in_fresh_process(_capture, args.text, tokens, capture)
+                    try:
+                        source, alphas = call_in_fresh_process(_capture, args.text, tokens, capture)
+                    except ValueError as error:
+                        print(f"attention: {error}", file=sys.stderr)
+                        return 2
                     print(f"captured from a byte model trained on {source}")
                     print("learned alphas: " + " ".join(f"{alpha:.2f}" for alpha in alphas))
                 if setting in ("clustered", "captured"):

@@ -10,6 +10,7 @@ and its values are kept. The heads of the layers are put side by side, as (1, LA
 tokens, 64), with each head's learned alpha.
 """
 
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -117,20 +118,24 @@ def capture(text, tokens, path, log=print):
         what}.
 
     Raises:
-        ValueError: a text too short for the window.
+        ValueError: a text too short for the window, saying how long it must be.
     """
     import torch
 
     text, path = Path(text), Path(path)
-    source = f"{text.name} ({text.stat().st_size:,} bytes), {STEPS} updates of {BATCH} x {CONTEXT} bytes"
+    raw = text.read_bytes()
+    digest = hashlib.sha1(raw).hexdigest()[:12]
+    source = f"{text.name} ({len(raw):,} bytes, sha1 {digest}), {STEPS} updates of {BATCH} x {CONTEXT} bytes"
     if path.exists():
         saved = torch.load(path, weights_only=True)
         if saved["source"] == source and saved["query"].shape[-2] == tokens:
             return saved
-    data = torch.tensor(list(text.read_bytes()), dtype=torch.long)
+    # The last tenth holds the window; the rest, ten training windows at least.
+    needed = max(math.ceil(tokens / HELD_OUT), math.ceil(10 * CONTEXT / (1 - HELD_OUT)))
+    if len(raw) < needed:
+        raise ValueError(f"{text} has {len(raw):,} bytes; a window of {tokens:,} needs a text of {needed:,} at least")
+    data = torch.tensor(list(raw), dtype=torch.long)
     held_out = int(len(data) * (1 - HELD_OUT))
-    if len(data) - held_out < tokens or held_out < 10 * CONTEXT:
-        raise ValueError(f"{text}: {len(data):,} bytes; the captured setting needs at least {10 * tokens:,}")
     model, model_path = _model(), path.parent / f"{text.stem}.model.pt"
     trained = torch.load(model_path, weights_only=True) if model_path.exists() else {}
     if trained.get("source") == source:

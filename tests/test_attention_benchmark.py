@@ -176,8 +176,14 @@ def test_a_captured_pass_runs_the_blocked_function_on_the_capture(small_capture)
     assert result["seconds"] > 0 and result["peak_mib"] >= 0
 
 
-def test_the_captured_setting_needs_its_text(tmp_path, capsys):
+def test_the_captured_setting_needs_its_text_long_enough(tmp_path, capsys):
     import benchmarks.attention as attention
 
     assert attention.main(["--settings", "captured", "--text", str(tmp_path / "none.txt")]) == 2
     assert f"{tmp_path / 'none.txt'} is not a file" in capsys.readouterr().err
+    short = tmp_path / "short.txt"
+    short.write_text("a sentence.\n" * 1000)
+    options = ["--settings", "captured", "--text", str(short), "--tokens", "4096", "--capture-dir", str(tmp_path)]
+    assert attention.main(options) == 2
+    assert f"{short} has 12,000 bytes; a window of 4,096 needs a text of 40,960 at least" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.pt"))
