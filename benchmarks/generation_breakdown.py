@@ -54,7 +54,7 @@ def generate_command(data_bin, checkpoint, length, device):
         "0",
         "--max-len-b",
         str(length),
-    ] + (["--cpu"] if device == "cpu" else [])
+    ] + (["--cpu", "--num-workers", "0"] if device == "cpu" else [])
 
 
 def measure(data_bin, checkpoint, length, device):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.generation_breakdown import generate_command
 from helpers import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,14 @@ def test_each_checkpoint_gets_a_row_with_its_normalizer_time(trained_model):
         assert 0 < inside < wall and share == pytest.approx(inside / wall, abs=0.01)
         # Every attention type ran: encoder and decoder self-attention, and cross attention.
         assert all(float(ms) > 0 for ms in cells[5:])
+
+
+def test_generation_on_the_cpu_has_no_data_loader_process(tmp_path):
+    """fairseq-generate runs in the benchmark's process, where a data-loader process's shutdown
+    waited out its 5 s timeout inside the timed run: most of a small run's "generate s"."""
+    command = generate_command(tmp_path, tmp_path / "checkpoint.pt", 5, "cpu")
+    assert command[command.index("--num-workers") + 1] == "0"
+    assert "--num-workers" not in generate_command(tmp_path, tmp_path / "checkpoint.pt", 5, "cuda")
 
 
 def test_a_missing_checkpoint_is_refused_before_any_run(trained_model, tmp_path):
