@@ -53,9 +53,10 @@ def test_train_and_generate_with_compiled_normalizers(tiny_data, tmp_path):
     assert 'num_updates": "8"' in train_log, "training did not reach 8 updates"
     assert recompilations(train_log) <= MAX_RECOMPILATIONS, train_log[-3000:]
 
-    generate = ("fairseq-generate", tiny_data.data_bin, tmp_path / "checkpoint_last.pt", "--beam", "3", "--cpu")
-    compiled = run_on_checkpoint(*generate, "--gen-subset", "test", env=env)
-    eager = run_on_checkpoint(*generate, "--gen-subset", "test", "--model-overrides", "{'compile_normalizers': False}")
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    generate = ("fairseq-generate", tiny_data.data_bin, checkpoint, "--beam", "3", "--cpu", "--gen-subset", "test")
+    compiled = run_on_checkpoint(*generate, env=env)
+    eager = run_on_checkpoint(*generate, "--model-overrides", "{'compile_normalizers': False}")
     compiled_log = compiled.stdout + compiled.stderr
     assert recompilations(compiled_log) <= MAX_RECOMPILATIONS, compiled_log[-3000:]
     assert "compiled" in compiled_log and "compiled" not in eager.stdout + eager.stderr
