@@ -7,13 +7,18 @@ are here, for train_tiny; conftest imports the first and the last, and most test
 them from conftest.
 """
 
+import contextlib
+import importlib
+import io
 import random
 import re
 import shlex
 from pathlib import Path
 
-from examples.pipeline.tools import run_logged, tool
+from examples.pipeline.tools import Finished, run_logged, tool
 from fairseq_entmax import USER_DIR  # the tests import it from here too
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def arguments(command_line):
@@ -99,6 +104,32 @@ def run(args, check=True, timeout=None, cwd=None, env=None, input=None, process=
     if process and timeout is None:
         timeout = 600
     return run_logged(args, threads=1, env=env, cwd=cwd, timeout=timeout, input=input, check=check)
+
+
+def run_main(program, check=True):
+    """Run `python -m MODULE ARGUMENTS` by calling the module's main(argv) in this process, from
+    the repository root, its output captured. For a test of what a program plans or checks
+    before any long work (a --dry-run, a refused input): its own process would spend a second
+    and a half importing torch. The real process runs in the tests of its full runs.
+
+    Args:
+        program: (python, "-m", module, *arguments).
+        check: fail the test when it exits non-zero.
+
+    Returns:
+        The finished command (tools.Finished: returncode, stdout, stderr).
+    """
+    _, flag, module, *arguments = [str(part) for part in program]
+    assert flag == "-m", program
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            returncode = importlib.import_module(module).main(arguments)
+        except SystemExit as stop:  # argparse's refusals
+            returncode = stop.code
+    finished = Finished(program, returncode or 0, stdout.getvalue(), stderr.getvalue())
+    assert not check or finished.returncode == 0, finished.stdout + finished.stderr
+    return finished
 
 
 def train_tiny(data_bin, save_dir, *arguments, model_args=TINY_MODEL_ARGS, **run_options):
@@ -291,9 +322,7 @@ def assert_run_executed_its_dry_run(program, options, work):
     Returns:
         The recorded runs: for each, the lines it executed.
     """
-    # From the repository root, as the docs run the examples.
-    command = [*program, *options, "--work-dir", work, "--dry-run"]
-    dry_run = run(command, timeout=120, cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()
+    dry_run = run_main([*program, *options, "--work-dir", work, "--dry-run"]).stdout.splitlines()
     runs = []
     for line in (Path(work) / "commands.log").read_text(encoding="utf-8").splitlines():
         if line.startswith("# run of "):

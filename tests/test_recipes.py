@@ -28,7 +28,7 @@ from examples.pipeline import (
     training,
 )
 from examples.translation import selection, tasks
-from helpers import assert_run_executed_its_dry_run, run
+from helpers import assert_run_executed_its_dry_run, run, run_main
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
 pytestmark = pytest.mark.slow
@@ -122,7 +122,7 @@ def test_iwslt17_smoke_executes_exactly_its_dry_run(iwslt_smoke):
 def test_iwslt17_smoke_rerun_skips_finished_stages(iwslt_smoke):
     work, _ = iwslt_smoke
     stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
-    proc = run([*RECIPE, "iwslt17", "--smoke", *SMOKE_OPTIONS, "--work-dir", work], timeout=600, cwd=REPO)
+    proc = run_main([*RECIPE, "iwslt17", "--smoke", *SMOKE_OPTIONS, "--work-dir", work])
     for normalizer in NORMALIZERS:
         assert f"{normalizer} [" in proc.stdout and "already trained" in proc.stdout
     assert "tokenize:" not in proc.stdout and "training (" not in proc.stdout
@@ -139,11 +139,8 @@ def test_iwslt17_smoke_rerun_with_other_settings_is_refused(iwslt_smoke):
     """The models in the work dir were trained for 100 updates: a run asking for 7 stops
     with the reason instead of reporting them as 7-update models."""
     work, _ = iwslt_smoke
-    proc = run(
-        [*RECIPE, "iwslt17", "--smoke", "--models", *NORMALIZERS, "--work-dir", work, "--max-update", "7"],
-        check=False,
-        timeout=600,
-        cwd=REPO,
+    proc = run_main(
+        [*RECIPE, "iwslt17", "--smoke", "--models", *NORMALIZERS, "--work-dir", work, "--max-update", "7"], check=False
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "max_update: 100 then, 7 now" in proc.stderr and "another --work-dir" in proc.stderr
@@ -155,11 +152,8 @@ def test_iwslt17_smoke_rerun_with_other_data_is_refused(iwslt_smoke, tmp_path):
     """The work dir's corpus came from the shared data: a run pointed at other data stops
     instead of training on the old corpus."""
     work, _ = iwslt_smoke
-    proc = run(
-        [*RECIPE, "iwslt17", "--smoke", *SMOKE_OPTIONS, "--work-dir", work, "--shared-data", tmp_path],
-        check=False,
-        timeout=600,
-        cwd=REPO,
+    proc = run_main(
+        [*RECIPE, "iwslt17", "--smoke", *SMOKE_OPTIONS, "--work-dir", work, "--shared-data", tmp_path], check=False
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{tmp_path}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
@@ -225,7 +219,7 @@ def test_recipe_rejects_bad_corpus_before_long_work(tmp_path, case):
         expected = "empty"
     work = tmp_path / "work"
     # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
-    proc = run([*RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False, timeout=120, cwd=REPO)
+    proc = run_main([*RECIPE, "iwslt17", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False)
     assert proc.returncode == 2
     assert expected in proc.stderr and "Traceback" not in proc.stderr
     assert not (work / "tok").exists() and not (work / "data-bin").exists()
@@ -246,11 +240,8 @@ def test_recipe_rejects_unknown_language_pair_and_task(tmp_path):
 
 
 def test_recipe_reports_missing_smoke_data(tmp_path):
-    proc = run(
-        [*RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere", "--work-dir", tmp_path / "w"],
-        check=False,
-        timeout=60,
-        cwd=REPO,
+    proc = run_main(
+        [*RECIPE, "kftt", "--smoke", "--shared-data", tmp_path / "nowhere", "--work-dir", tmp_path / "w"], check=False
     )
     assert proc.returncode == 2 and "smoke data" in proc.stderr and "nowhere" in proc.stderr
 
@@ -494,8 +485,7 @@ def test_docs_show_the_settings_table_and_the_departures_of_the_code():
 
 
 def _dry_run(*options, check=True):
-    proc = run([*RECIPE, *options, "--dry-run"], check=check, timeout=120, cwd=REPO)
-    return proc
+    return run_main([*RECIPE, *options, "--dry-run"], check=check)
 
 
 def _option(command, name, default=None):
@@ -583,7 +573,7 @@ def test_dry_run_refuses_a_batch_that_is_not_8192_tokens(tmp_path):
     assert proc.returncode == 2 and "8192 tokens per update" in proc.stderr and "Traceback" not in proc.stderr
     proc = _dry_run("iwslt17", "--max-tokens", "3000", "--work-dir", tmp_path / "w", check=False)
     assert proc.returncode == 2 and "--max-tokens 4096 --update-freq 2" in proc.stderr
-    proc = run([*RECIPE, "iwslt17", "--num-gpus", "2"], check=False, timeout=60, cwd=REPO)
+    proc = run_main([*RECIPE, "iwslt17", "--num-gpus", "2"], check=False)
     assert proc.returncode == 2 and "--num-gpus plans a --dry-run" in proc.stderr
 
 
@@ -740,7 +730,7 @@ def test_iwslt14_dry_run_keeps_16000_tokens_per_update_on_any_number_of_gpus(tmp
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_full_iwslt14_recipe_without_cuda_stops_before_any_download(tmp_path):
-    proc = run([*RECIPE, "iwslt14", "--work-dir", tmp_path / "work"], check=False, timeout=120, cwd=REPO)
+    proc = run_main([*RECIPE, "iwslt14", "--work-dir", tmp_path / "work"], check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "no CUDA device" in proc.stderr and "transformer_iwslt_de_en" in proc.stderr
     assert "--cpu" in proc.stderr and "--smoke" in proc.stderr
@@ -749,12 +739,7 @@ def test_full_iwslt14_recipe_without_cuda_stops_before_any_download(tmp_path):
 
 
 def test_iwslt14_refuses_the_best_checkpoint_options(tmp_path):
-    proc = run(
-        [*RECIPE, "iwslt14", "--dry-run", "--average-last", "5", "--work-dir", tmp_path / "w"],
-        check=False,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = run_main([*RECIPE, "iwslt14", "--dry-run", "--average-last", "5", "--work-dir", tmp_path / "w"], check=False)
     assert proc.returncode == 2 and "averages epoch checkpoints already" in proc.stderr
 
 
@@ -888,7 +873,7 @@ def test_iwslt14_raw_dir_without_untokenised_test_references_is_refused(tmp_path
     raw = _write_corpus(tmp_path / "raw")
     work = tmp_path / "work"
     # --cpu: on this machine without CUDA the full recipe would stop before reading the corpus.
-    proc = run([*RECIPE, "iwslt14", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False, timeout=120, cwd=REPO)
+    proc = run_main([*RECIPE, "iwslt14", "--raw-dir", raw, "--work-dir", work, "--cpu"], check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "test.orig.en" in proc.stderr and "Traceback" not in proc.stderr
     assert not (work / "data-bin").exists()

@@ -26,7 +26,7 @@ from examples.reproduction.reduced_scale import (
     planned_runs,
     summarize,
 )
-from helpers import assert_run_executed_its_dry_run, run
+from helpers import assert_run_executed_its_dry_run, run, run_main
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def tiny_reproduction(tmp_path_factory):
     work = tmp_path_factory.mktemp("reproduction") / "work"
     command = [*SCRIPT, *TINY_OPTIONS, "--work-dir", work, "--data", SAMPLE]
     first = run(command, timeout=900, cwd=REPO)
-    again = run(command, timeout=600, cwd=REPO)
+    again = run_main(command)  # reuses everything: no process of its own to pay for
     return work, first.stdout, again.stdout
 
 
@@ -231,7 +231,7 @@ def test_rerun_with_other_data_is_refused(tiny_reproduction, tmp_path):
         "--data",
         other,
     ]
-    proc = run(command, check=False, timeout=300, cwd=REPO)
+    proc = run_main(command, check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{other}" in proc.stderr and "another --work-dir" in proc.stderr and "Traceback" not in proc.stderr
     assert (work / "raw" / "train.de").read_text(encoding="utf-8") == before

@@ -360,11 +360,17 @@ def attention_maps(model, maps, output_dir):
                 continue
             image = ax.imshow(weights[head], vmin=_SMALLEST_SHOWN, vmax=1.0, cmap=_NONZERO_CMAP)
             ax.set_title(f"head {head}", fontsize=9)
-            # The heads share their tokens: only the outer panels name them, which is also what
-            # keeps drawing fast (the layout measures every label).
+            # The heads share their tokens: only the outer panels have ticks and name them, which
+            # is also what keeps drawing fast (the layout measures every tick).
             last_row = head + columns >= heads
-            ax.set_xticks(range(len(key_tokens)), key_tokens if last_row else [], rotation=90, fontsize=7)
-            ax.set_yticks(range(len(query_tokens)), query_tokens if head % columns == 0 else [], fontsize=7)
+            if last_row:
+                ax.set_xticks(range(len(key_tokens)), key_tokens, rotation=90, fontsize=7)
+            else:
+                ax.set_xticks([])
+            if head % columns == 0:
+                ax.set_yticks(range(len(query_tokens)), query_tokens, fontsize=7)
+            else:
+                ax.set_yticks([])
             if last_row:
                 ax.set_xlabel("key", fontsize=8)
             if head % columns == 0:
