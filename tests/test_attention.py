@@ -109,6 +109,36 @@ def test_outputs_and_gradients_equal_the_materialized_path(name, case):
         assert bool((weights_seen == 0).any())
 
 
+@pytest.mark.parametrize("case", ["causal", "bias", "gqa"])
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, monkeypatch):
+    """Where a block of every head would pass its budget, the blocks take two heads (with GQA,
+    the two that share a key head) before they take fewer queries: outputs and the gradients of
+    query, key, value, a per-head bias and the alphas agree with the materialized path in
+    float64 to 1e-12 of their scale."""
+    blocks = []
+    make_blocks = blocked._blocks
+
+    def recording(*args):
+        made = make_blocks(*args)
+        blocks.extend(made)
+        return made
+
+    monkeypatch.setattr(blocked, "_blocks", recording)
+    keys = L if case == "causal" else S
+    monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", 2 * 8 * keys)  # two heads of 8 queries
+    normalizer = _normalizer(name).double()
+    query, key, value, mask, is_causal = _case(case, dtype=torch.float64)
+    inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
+    arguments = dict(attn_mask=mask, is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)
+    actual = scaled_dot_product_attention(query, key, value, block_queries=8, **arguments)
+    assert blocks and all(h1 - h0 == 2 and h0 % 2 == 0 for _, _, h0, h1, *_ in blocks), blocks
+    expected = _materialized(query, key, value, mask, is_causal, normalizer)
+    _assert_relatively_close(actual, expected, 1e-12, "output")
+    for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
+        _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -361,7 +391,7 @@ def test_a_subsets_threshold_bounds_the_rows_support(name):
         flat = scores.reshape(-1, 300)
         with torch.no_grad():  # as in the forward of blocked attention
             weights = normalizer(flat.view(2 * H, 16, 300)).reshape(-1, 300)
-            params = rows_map.block_params(scores)
+            params = rows_map.block_params(scores, 0)
             for subset in (scores[..., ::64], scores[..., 5:9], scores[..., :290].amax(-1, keepdim=True), scores):
                 _, stats = rows_map.forward(subset.reshape(len(flat), -1).clone(), params)
                 may_weigh = rows_map.may_weigh(flat, stats, params)
@@ -370,13 +400,14 @@ def test_a_subsets_threshold_bounds_the_rows_support(name):
                     assert not bool(may_weigh[:, :290].all(dim=-1).any())
 
 
-@pytest.mark.parametrize("case", ["bias", "causal", "window", "gqa", "masked_rows"])
+@pytest.mark.parametrize("case", ["bias", "causal", "window", "gqa", "masked_rows", "one_head_blocks"])
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
 def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
     """On clustered supports (local keys and a few seen from everywhere), the sparse maps run
     their P.V and backward over the key blocks with a nonzero weight only, and the outputs and
     the gradients of query, key, value, the additive mask and the alphas are those of the
-    materialized path in float64, to 1e-12 of their scale."""
+    materialized path in float64, to 1e-12 of their scale; also where each block holds one head
+    (one_head_blocks), whose support map is then that head's alone."""
     specs = []
     spec_init = blocked._Spec.__init__
 
@@ -387,6 +418,8 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
     monkeypatch.setattr(blocked._Spec, "__init__", recording)
     normalizer = _normalizer(name)
     query, key, value, bias = _clustered_case(kv_heads=2 if case == "gqa" else H)
+    if case == "one_head_blocks":  # a budget of one head's 32 queries
+        monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", 32 * query.shape[-2])
     position = torch.arange(query.shape[-2])
     is_causal = case == "causal"
     hidden = None  # what a mask hides beside the bias
@@ -417,6 +450,8 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
         ]
         skipped = sum(visible - kept for kept, visible in gathered)
         assert skipped > 0.5 * sum(visible for _, visible in gathered), gathered
+    if case == "one_head_blocks":
+        assert all(h1 - h0 == 1 for spec in specs for _, _, h0, h1, *_ in spec.blocks)
 
 
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])

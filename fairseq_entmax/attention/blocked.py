@@ -1,13 +1,14 @@
 """scaled_dot_product_attention in blocks of queries, with the probabilities recomputed in the
 backward from a few numbers per query row (fairseq_entmax.normalizers.recomputable).
 
-A block is a range of queries of a chunk of the batch, with every head, against the keys that
-the mask leaves visible to at least one of its queries: with a causal mask, a sliding window or
-padding, the keys it hides from the whole block are never computed. Its scores are
-(batch chunk x heads, block queries, visible keys), at most about BLOCK_ELEMENTS elements, and
-are freed once the block's output (forward) or gradients (backward) are written. For a sparse
-map, the forward's P.V and the backward run only over the key blocks in which some weight of
-the block is nonzero (its support map, docs/attention.md).
+A block is a range of queries of a chunk of the batch and of the heads (every head where they
+fit), against the keys that the mask leaves visible to at least one of its queries: with a
+causal mask, a sliding window or padding, the keys it hides from the whole block are never
+computed. Its scores are (batch chunk x heads, block queries, visible keys), at most about
+BLOCK_ELEMENTS elements, and are freed once the block's output (forward) or gradients
+(backward) are written. For a sparse map, the forward's P.V and the backward run only over the
+key blocks in which some weight of the block is nonzero (its support map, docs/attention.md):
+at long context a block holds one head, whose support is its own.
 """
 
 import math
@@ -30,8 +31,10 @@ BLOCK_ELEMENTS = {"cpu": 1 << 20, "accelerator": 1 << 24}
 # is faster at those sizes than recomputing in the backward (benchmarks/RESULTS.md, "Blocked
 # attention"), while its memory stays a few times that of the inputs.
 MATERIALIZED_PER_INPUT_ELEMENT = 1
-# The fewest queries a block takes by default before the batch is split instead.
-MIN_BLOCK_QUERIES = 16
+# The fewest queries a block takes by default before its batch, then its heads, are split
+# instead: a product of fewer queries reads every key for little work (at 16,384 keys, blocks
+# of 8 queries of 8 heads made the blocked attention 2-3 times slower; benchmarks/RESULTS.md).
+MIN_BLOCK_QUERIES = 64
 # The support map's key blocks: a sparse map's block of queries records which blocks of this
 # many keys hold a nonzero weight, and its P.V and backward run over those keys only.
 SUPPORT_KEYS = 64
@@ -58,22 +61,22 @@ class _Mask:
             self.expanded_shape = tuple(batch_shape) + tuple(full.shape[batch_dims:])
             self.four = full.expand(self.expanded_shape).reshape((batch,) + tuple(full.shape[batch_dims:]))
 
-    def _slices(self, b0, b1, q0, q1, k0, k1):
+    def _slices(self, b0, b1, h0, h1, q0, q1, k0, k1):
         sizes = self.four.shape
         return (
             slice(b0, b1) if sizes[0] > 1 else slice(None),
-            slice(None),
+            slice(h0, h1) if sizes[1] > 1 else slice(None),
             slice(q0, q1) if sizes[2] > 1 else slice(None),
             slice(k0, k1) if sizes[3] > 1 else slice(None),
         )
 
-    def block(self, b0, b1, q0, q1, k0, k1):
+    def block(self, b0, b1, h0, h1, q0, q1, k0, k1):
         """The mask of a block, broadcastable to its scores (batch, heads, queries, keys)."""
-        return self.four[self._slices(b0, b1, q0, q1, k0, k1)]
+        return self.four[self._slices(b0, b1, h0, h1, q0, q1, k0, k1)]
 
-    def add_gradient(self, gradient, scores_gradient, b0, b1, q0, q1, k0, k1):
+    def add_gradient(self, gradient, scores_gradient, b0, b1, h0, h1, q0, q1, k0, k1):
         """Add a block's score gradient into the mask's (4-D) gradient."""
-        target = gradient[self._slices(b0, b1, q0, q1, k0, k1)]
+        target = gradient[self._slices(b0, b1, h0, h1, q0, q1, k0, k1)]
         target.add_(scores_gradient.sum_to_size(target.shape))
 
     def gradient_of_mask(self, gradient):
@@ -106,7 +109,9 @@ class _Mask:
 
 class _Spec:
     """What one call computes, fixed before the forward and reused by the backward: the shapes,
-    the row map, the blocks (b0, b1, q0, q1, k0, k1) and the dropout's seed."""
+    the row map, the blocks (b0, b1, h0, h1, q0, q1, k0, k1: ranges of the batch, of the heads
+    (whole groups of heads that share a key head), of the queries and of the keys) and the
+    dropout's seed."""
 
     def __init__(self, batch_shape, heads, kv_heads, queries, keys, rows, mask, causal, scale, dropout_p, blocks):
         self.batch_shape = batch_shape
@@ -178,11 +183,12 @@ class _Spec:
         # in beside them has none.
         return stats, _runs(may_weigh(stats).logical_and_(candidate), k0, k1), p.view_as(held), candidates
 
-    def runs_scores(self, query, key, value, b0, b1, q0, q1, runs):
+    def runs_scores(self, query, key, value, b0, b1, h0, h1, q0, q1, runs):
         """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
         queries, keys, scores, values (batch x kv heads, keys, value dim))."""
-        parts = [self.block_scores(query, key, b0, b1, q0, q1, r0, r1) for r0, r1 in runs]
-        values = [value[b0:b1, :, r0:r1].reshape(-1, r1 - r0, value.shape[-1]) for r0, r1 in runs]
+        parts = [self.block_scores(query, key, b0, b1, h0, h1, q0, q1, r0, r1) for r0, r1 in runs]
+        g0, g1 = h0 // self.groups, h1 // self.groups
+        values = [value[b0:b1, g0:g1, r0:r1].reshape(-1, r1 - r0, value.shape[-1]) for r0, r1 in runs]
         if len(parts) == 1:
             return (*parts[0], values[0])
         return (
@@ -192,17 +198,18 @@ class _Spec:
             torch.cat(values, dim=1),
         )
 
-    def block_scores(self, query, key, b0, b1, q0, q1, k0, k1):
+    def block_scores(self, query, key, b0, b1, h0, h1, q0, q1, k0, k1):
         """(scaled queries (batch x kv heads, groups x queries, dim), keys, masked scores) of a
         block; query (batch, heads, queries, dim) and key (batch, kv heads, keys, dim) in the
         compute dtype, contiguous."""
         batch, queries, keys = b1 - b0, q1 - q0, k1 - k0
-        q = (query[b0:b1, :, q0:q1] * self.scale).view(batch * self.kv_heads, self.groups * queries, -1)
-        k = key[b0:b1, :, k0:k1].reshape(batch * self.kv_heads, keys, -1)
+        g0, g1 = h0 // self.groups, h1 // self.groups
+        q = (query[b0:b1, h0:h1, q0:q1] * self.scale).view(batch * (g1 - g0), self.groups * queries, -1)
+        k = key[b0:b1, g0:g1, k0:k1].reshape(batch * (g1 - g0), keys, -1)
         scores = torch.bmm(q, k.transpose(1, 2))
-        per_head = scores.view(batch, self.heads, queries, keys)
+        per_head = scores.view(batch, h1 - h0, queries, keys)
         if self.mask is not None:
-            mask = self.mask.block(b0, b1, q0, q1, k0, k1)
+            mask = self.mask.block(b0, b1, h0, h1, q0, q1, k0, k1)
             if self.mask.is_bool:
                 per_head.masked_fill_(~mask, float("-inf"))
             else:
@@ -260,9 +267,9 @@ class _BlockedAttention(torch.autograd.Function):
         out = torch.zeros(spec.batch, spec.heads, spec.queries, value.shape[-1], dtype=work_dtype, device=query.device)
         stats = None
         spec.support = []  # anew where the forward runs again (activation checkpointing)
-        for index, (b0, b1, q0, q1, k0, k1) in enumerate(spec.blocks):
-            _, _, scores = spec.block_scores(q4, k4, b0, b1, q0, q1, k0, k1)
-            params = spec.rows.block_params(scores.view(b1 - b0, spec.heads, q1 - q0, k1 - k0))
+        for index, (b0, b1, h0, h1, q0, q1, k0, k1) in enumerate(spec.blocks):
+            _, _, scores = spec.block_scores(q4, k4, b0, b1, h0, h1, q0, q1, k0, k1)
+            params = spec.rows.block_params(scores.view(b1 - b0, h1 - h0, q1 - q0, k1 - k0), h0)
             found = spec.sparse_forward(scores, params, k0, k1)
             if found is None:
                 p, block_stats = spec.rows.forward(scores.view(-1, k1 - k0), params)
@@ -275,16 +282,16 @@ class _BlockedAttention(torch.autograd.Function):
             if stats is None:
                 stats = [scores.new_empty((spec.batch, spec.heads, spec.queries)) for _ in block_stats]
             for saved, value_of_rows in zip(stats, block_stats):
-                saved[b0:b1, :, q0:q1] = value_of_rows.view(b1 - b0, spec.heads, q1 - q0)
+                saved[b0:b1, h0:h1, q0:q1] = value_of_rows.view(b1 - b0, h1 - h0, q1 - q0)
             spec.support.append(runs)
             block_out = None
             for (r0, r1), column in zip(runs, _columns(runs, held)):
-                v = v4[b0:b1, :, r0:r1].reshape(-1, r1 - r0, v4.shape[-1])
+                v = v4[b0:b1, h0 // spec.groups : h1 // spec.groups, r0:r1].reshape(-1, r1 - r0, v4.shape[-1])
                 weights = p[:, :, column : column + r1 - r0]
                 block_out = torch.bmm(weights, v) if block_out is None else block_out.baddbmm_(weights, v)
             if block_out is None:  # no key with weight: fully masked rows
                 block_out = p.new_zeros(p.shape[0], p.shape[1], v4.shape[-1])
-            out[b0:b1, :, q0:q1] = block_out.view(b1 - b0, spec.heads, q1 - q0, -1)
+            out[b0:b1, h0:h1, q0:q1] = block_out.view(b1 - b0, h1 - h0, q1 - q0, -1)
         ctx.spec = spec
         ctx.save_for_backward(query, key, value, attn_mask, alpha, *(stats or ()))
         return out.view(*spec.batch_shape, spec.heads, spec.queries, -1).to(query.dtype)
@@ -302,18 +309,18 @@ class _BlockedAttention(torch.autograd.Function):
         dv = torch.zeros_like(v4) if need_v else None
         dmask = torch.zeros(spec.mask.four.shape, dtype=work_dtype, device=query.device) if need_mask else None
         dalpha = torch.zeros(spec.heads, dtype=work_dtype, device=query.device) if need_alpha else None
-        for index, ((b0, b1, q0, q1, _, _), runs) in enumerate(zip(spec.blocks, spec.support)):
-            batch, queries = b1 - b0, q1 - q0
-            q, k, scores, v = spec.runs_scores(q4, k4, v4, b0, b1, q0, q1, runs)
+        for index, ((b0, b1, h0, h1, q0, q1, _, _), runs) in enumerate(zip(spec.blocks, spec.support)):
+            batch, heads, queries = b1 - b0, h1 - h0, q1 - q0
+            q, k, scores, v = spec.runs_scores(q4, k4, v4, b0, b1, h0, h1, q0, q1, runs)
             keys = scores.shape[-1]
-            params = spec.rows.block_params(scores.view(batch, spec.heads, queries, keys))
-            block_stats = [saved[b0:b1, :, q0:q1].reshape(-1, 1) for saved in stats]
+            params = spec.rows.block_params(scores.view(batch, heads, queries, keys), h0)
+            block_stats = [saved[b0:b1, h0:h1, q0:q1].reshape(-1, 1) for saved in stats]
             p = spec.rows.recompute(scores.view(-1, keys), block_stats, params)
-            g_out = grad4[b0:b1, :, q0:q1].to(work_dtype).reshape(batch * spec.kv_heads, spec.groups * queries, -1)
+            g_out = grad4[b0:b1, h0:h1, q0:q1].to(work_dtype).reshape(q.shape[0], spec.groups * queries, -1)
             keep = spec.dropout_keep(index, scores) if spec.dropout_p > 0 else None
             if need_v:
                 dropped = p.view_as(scores) if keep is None else p.view_as(scores) * keep
-                _add_over_runs(dv, torch.bmm(dropped.transpose(1, 2), g_out), b0, b1, runs)
+                _add_over_runs(dv, torch.bmm(dropped.transpose(1, 2), g_out), b0, b1, h0, h1, spec.groups, runs)
             if not (need_q or need_k or need_mask or need_alpha):
                 continue
             g_p = torch.bmm(g_out, v.transpose(1, 2))
@@ -322,18 +329,18 @@ class _BlockedAttention(torch.autograd.Function):
             g_scores, alpha_rows = spec.rows.backward(p, g_p.view(-1, keys), params, need_alpha)
             g_scores = g_scores.view_as(scores)
             if need_alpha:
-                dalpha += alpha_rows.view(batch, spec.heads, queries).sum(dim=(0, 2))
+                dalpha[h0:h1] += alpha_rows.view(batch, heads, queries).sum(dim=(0, 2))
             if need_mask:
-                per_head = g_scores.view(batch, spec.heads, queries, keys)
+                per_head = g_scores.view(batch, heads, queries, keys)
                 start = 0
                 for r0, r1 in runs:
                     run_gradient = per_head[..., start : start + r1 - r0]
-                    spec.mask.add_gradient(dmask, run_gradient, b0, b1, q0, q1, r0, r1)
+                    spec.mask.add_gradient(dmask, run_gradient, b0, b1, h0, h1, q0, q1, r0, r1)
                     start += r1 - r0
             if need_q:
-                dq[b0:b1, :, q0:q1] = torch.bmm(g_scores, k).mul_(spec.scale).view(batch, spec.heads, queries, -1)
+                dq[b0:b1, h0:h1, q0:q1] = torch.bmm(g_scores, k).mul_(spec.scale).view(batch, heads, queries, -1)
             if need_k:
-                _add_over_runs(dk, torch.bmm(g_scores.transpose(1, 2), q), b0, b1, runs)
+                _add_over_runs(dk, torch.bmm(g_scores.transpose(1, 2), q), b0, b1, h0, h1, spec.groups, runs)
         return (
             None if dq is None else dq.view(query.shape).to(query.dtype),
             None if dk is None else dk.view(key.shape).to(key.dtype),
@@ -344,13 +351,14 @@ class _BlockedAttention(torch.autograd.Function):
         )
 
 
-def _add_over_runs(total, gradient, b0, b1, runs):
+def _add_over_runs(total, gradient, b0, b1, h0, h1, groups, runs):
     """Add a block's gradient of its keys (batch x kv heads, keys of the runs, dim) into the
     keys' or values' gradient (batch, kv heads, keys, dim) at the runs' key ranges."""
-    per_head = gradient.view(b1 - b0, total.shape[1], -1, total.shape[-1])
+    g0, g1 = h0 // groups, h1 // groups
+    per_head = gradient.view(b1 - b0, g1 - g0, -1, total.shape[-1])
     start = 0
     for r0, r1 in runs:
-        total[b0:b1, :, r0:r1] += per_head[:, :, start : start + r1 - r0]
+        total[b0:b1, g0:g1, r0:r1] += per_head[:, :, start : start + r1 - r0]
         start += r1 - r0
 
 
@@ -358,7 +366,7 @@ def _materialized_attention(spec, module, query, key, value):
     """The attention through autograd in one block, for a call small enough that holding its
     probabilities costs less than recomputing them."""
     q4, k4, v4 = _flat_inputs(spec, query, key, value, compute_dtype(query.dtype))
-    scores = spec.block_scores(q4, k4, 0, spec.batch, 0, spec.queries, 0, spec.keys)[2]
+    scores = spec.block_scores(q4, k4, 0, spec.batch, 0, spec.heads, 0, spec.queries, 0, spec.keys)[2]
     weights = module(scores.view(spec.batch * spec.heads, spec.queries, spec.keys)).view_as(scores)
     if spec.dropout_p > 0:
         weights = torch.nn.functional.dropout(weights, spec.dropout_p)
@@ -478,7 +486,7 @@ def _normalizer_module(normalizer, heads, options):
     return build_normalizer(normalizer, heads, **options)
 
 
-def _blocks(spec_shapes, dim, mask, is_causal, device, block_queries):
+def _blocks(spec_shapes, groups, dim, mask, is_causal, device, block_queries):
     batch, heads, queries, keys = spec_shapes
     # At most half the query's elements: at short lengths a block's scratch then stays within the
     # size of the inputs, which is what torch's fused attention holds.
@@ -486,11 +494,15 @@ def _blocks(spec_shapes, dim, mask, is_causal, device, block_queries):
         BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"],
         max(1 << 16, batch * heads * queries * dim // 2),
     )
-    if block_queries is None:
+    chosen = block_queries is not None
+    if not chosen:
         block_queries = min(queries, max(MIN_BLOCK_QUERIES, budget // max(1, batch * heads * keys)))
-        if heads * block_queries * keys > budget:
-            block_queries = min(queries, max(1, budget // max(1, heads * keys)))
-    block_batch = min(batch, max(1, budget // max(1, heads * block_queries * keys)))
+    # Over the budget, a block takes fewer heads (whole groups that share a key head), and only
+    # then fewer queries: a product of few queries reads every key for little work.
+    block_heads = min(heads, max(groups, budget // max(1, block_queries * keys) // groups * groups))
+    if not chosen and block_heads * block_queries * keys > budget:
+        block_queries = min(queries, max(1, budget // max(1, block_heads * keys)))
+    block_batch = min(batch, max(1, budget // max(1, block_heads * block_queries * keys)))
     query_blocks = [(q0, min(q0 + block_queries, queries)) for q0 in range(0, queries, block_queries)]
     if not query_blocks or batch == 0:
         return []
@@ -501,10 +513,11 @@ def _blocks(spec_shapes, dim, mask, is_causal, device, block_queries):
     else:
         key_ranges = [(0, keys)] * len(query_blocks)
     return [
-        (b0, min(b0 + block_batch, batch), q0, q1, k0, k1)
+        (b0, min(b0 + block_batch, batch), h0, min(h0 + block_heads, heads), q0, q1, k0, k1)
         for (q0, q1), (k0, k1) in zip(query_blocks, key_ranges)
         if k1 > k0
         for b0 in range(0, batch, block_batch)
+        for h0 in range(0, heads, block_heads)
     ]
 
 
@@ -577,7 +590,9 @@ def scaled_dot_product_attention(
     small = block_queries is None and batch * heads * queries * keys <= MATERIALIZED_PER_INPUT_ELEMENT * (
         query.numel() + key.numel() + value.numel()
     )
-    blocks = [] if small else _blocks((batch, heads, queries, keys), dim, mask, is_causal, query.device, block_queries)
+    shapes = (batch, heads, queries, keys)
+    groups = heads // key.shape[-3]
+    blocks = [] if small else _blocks(shapes, groups, dim, mask, is_causal, query.device, block_queries)
     spec = _Spec(
         batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
     )

@@ -52,7 +52,7 @@ class SoftmaxRows:
     # Whether a row's p has zeros worth skipping (blocked attention's support map).
     is_sparse = False
 
-    def block_params(self, scores):
+    def block_params(self, scores, first_head):
         return None
 
     def forward(self, x, params):
@@ -75,7 +75,7 @@ class SparsemaxRows:
     learns_alpha = False
     is_sparse = True
 
-    def block_params(self, scores):
+    def block_params(self, scores, first_head):
         return None
 
     def may_weigh(self, x, stats, params):
@@ -108,7 +108,7 @@ class Entmax15Rows:
     learns_alpha = False
     is_sparse = True
 
-    def block_params(self, scores):
+    def block_params(self, scores, first_head):
         return None
 
     def may_weigh(self, x, stats, params):
@@ -148,12 +148,14 @@ class AlphaEntmaxRows:
         self.alpha = alpha
         self.at_most_two = at_most_two
 
-    def block_params(self, scores):
-        """Of a block of scores (batch, heads, queries, keys): alpha - 1 per row (rows, 1) in its
-        dtype, which rows are softmax (None when none is), and the alpha - 1 the search and the
-        power take (1 on the softmax rows, whose p is replaced)."""
+    def block_params(self, scores, first_head):
+        """Of a block of scores (batch, heads, queries, keys) of the heads from first_head on:
+        alpha - 1 per row (rows, 1) in its dtype, which rows are softmax (None when none is),
+        and the alpha - 1 the search and the power take (1 on the softmax rows, whose p is
+        replaced)."""
         batch, heads, queries, _ = scores.shape
-        am1 = (self.alpha.to(scores.dtype) - 1.0).view(1, heads, 1, 1).expand(batch, heads, queries, 1).reshape(-1, 1)
+        alpha = self.alpha[first_head : first_head + heads].to(scores.dtype)
+        am1 = (alpha - 1.0).view(1, heads, 1, 1).expand(batch, heads, queries, 1).reshape(-1, 1)
         is_softmax = am1 < _SOFTMAX_BELOW[am1.dtype]
         if not uses_sync_free_path(scores) and not bool(is_softmax.any()):
             return am1, None, am1
@@ -212,7 +214,7 @@ class TopKRows:
     def __init__(self, normalizer):
         self.normalizer = normalizer
 
-    def block_params(self, scores):
+    def block_params(self, scores, first_head):
         """The keys kept per row of a block of scores (batch, heads, queries, keys): an int, or
         a (rows, 1) tensor when counted from the visible keys."""
         k = self.normalizer.keys_kept(scores)
