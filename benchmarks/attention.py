@@ -12,7 +12,8 @@ Settings:
   clustered  raw attention, causal, on the pattern trained sparse heads show (clustered_inputs):
          scores that fall with the distance between query and key, each head at its own
          offset, plus 4 keys every query attends to; each table gives each normalizer's
-         fraction of zero key blocks (block_sparsity), which the blocked function skips;
+         fraction of zero key blocks (block_sparsity), of all heads and of each head (which a
+         block of one head, as at long context, skips);
   captured  raw attention, causal, on the queries, keys and values of a small byte-level language
          model with learned alpha-entmax, trained here on --text (benchmarks/captured_attention.py;
          minutes, once, then read from --capture-dir): its 2 layers' 4 heads side by side, each
@@ -67,7 +68,7 @@ DEFAULT_TOKENS = {
     "step": (64, 256, 1024),
     "llama": (2048, 8192),
 }
-# block_sparsity's blocks: 64 queries (every head together) by fairseq_entmax.attention's
+# block_sparsity's blocks: 64 queries (MIN_BLOCK_QUERIES of fairseq_entmax.attention) by its
 # SUPPORT_KEYS keys.
 SPARSITY_QUERIES = 64
 STEP_CALLS = 200
@@ -116,8 +117,7 @@ def clustered_inputs(tokens, device="cpu"):
 
 def _clustered_options(normalizer_name):
     """On clustered inputs every head of learned alpha-entmax starts at alpha 1.5: a random start
-    puts some heads next to softmax, whose weights then reach every key block (the support map
-    is shared by a block's heads)."""
+    puts some heads next to softmax, whose weights then reach every key block."""
     return {"alpha_init": 1.5} if normalizer_name == "alpha_entmax" else {}
 
 
@@ -145,8 +145,8 @@ def block_sparsity(normalizer_name, tokens, device="cpu", capture=None):
     of the clustered inputs (or of a capture file's) in which the normalizer gives 0 weight.
 
     Returns:
-        (the fraction where every head's weights are 0, which the blocked function skips; the
-        fraction of each head, a list).
+        (the fraction where every head's weights are 0, which a block of every head skips; the
+        fraction of each head, a list: what a block of one head skips, as at long context).
     """
     import torch
 
@@ -295,7 +295,13 @@ def measure(setting, path, normalizer_name, tokens, causal, device, threads, mem
 
     torch.set_num_threads(threads)
     if device == "cpu" and memory_limit_gib:
-        limit = int(memory_limit_gib * 2**30)
+        # Within a limit the process already has (prlimit), which it may not raise.
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        limit = (
+            int(memory_limit_gib * 2**30)
+            if hard == resource.RLIM_INFINITY
+            else min(hard, int(memory_limit_gib * 2**30))
+        )
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     build = {
         "raw": _raw_pass,

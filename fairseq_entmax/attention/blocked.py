@@ -560,7 +560,7 @@ def scaled_dot_product_attention(
             a LearnedAlphaEntmax whose alphas then get their gradient.
         block_queries: the queries per block; by default as many as keep a block's scores
             within BLOCK_ELEMENTS and half the query's size (at least MIN_BLOCK_QUERIES, the
-            batch split otherwise). Given, the call runs in blocks whatever its size; by
+            batch, then the heads, split otherwise). Given, the call runs in blocks whatever its size; by
             default a call whose probabilities hold at most MATERIALIZED_PER_INPUT_ELEMENT
             times the elements of query, key and value is computed in one block through the
             normalizer's own autograd, which is faster at those sizes.
