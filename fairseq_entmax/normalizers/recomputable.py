@@ -7,7 +7,7 @@ Every map here writes p as an elementwise function of a row's scores x and its s
     sparsemax    p = [clamp(x - m, -2) - tau]_+
     entmax15     p = [clamp((x - m) / 2, -2) - tau]_+^2 / Z
     alpha_entmax p = [clamp((alpha - 1)(x - m), -2) - tau]_+^(1 / (alpha - 1)) / Z
-    topk         p = exp(x - m) / Z where x - m >= the k-th largest, 0 elsewhere
+    topk         p = exp(max(x - m, -80)) / Z where x - m >= the k-th largest, 0 elsewhere
 
 with m the row maximum (kept apart from tau so that extreme scores, 1e30, stay exact), tau the
 threshold of the normalizer's own search and Z the row's sum (1 / Z is stored). The forward
@@ -37,6 +37,20 @@ def _softmax_vjp(p, g):
     """p * (g - sum(p g)), written into g."""
     g.mul_(p)
     return g.addcmul_(p, g.sum(dim=-1, keepdim=True), value=-1.0)
+
+
+# exp of -inf, or of what underflows, takes torch's slow path, several times slower than a
+# normal number: top-k's exp runs on x - m clamped here (exp(-80) is still a normal float32)
+# and its left-out keys are zeroed by a product.
+_TOPK_EXP_FLOOR = -80.0
+
+
+def _kept_exp(z, kth):
+    """exp(z) where z >= the row's kth and z > -inf, 0 elsewhere, written into z. A kept z below
+    _TOPK_EXP_FLOOR weighs exp(_TOPK_EXP_FLOOR) (< 2e-35) instead of less, in forward and
+    recomputation alike."""
+    kept = torch.ge(z, kth).logical_and_(z > float("-inf"))
+    return z.clamp_min_(_TOPK_EXP_FLOOR).exp_().mul_(kept)
 
 
 def _reaches_threshold(z, tau):
@@ -230,14 +244,13 @@ class TopKRows:
         kth = topk_threshold(z, params)
         if kth is None:
             kth = torch.full_like(m, float("-inf"))
-        p = z.masked_fill_(z < kth, float("-inf")).exp_()
+        p = _kept_exp(z, kth)
         inverse_sum = _reciprocal_sum(p, masked)
         return p.mul_(inverse_sum), (m, kth, inverse_sum)
 
     def recompute(self, x, stats, params):
         m, kth, inverse_sum = stats
-        z = x.sub_(m)
-        return z.masked_fill_(z < kth, float("-inf")).exp_().mul_(inverse_sum)
+        return _kept_exp(x.sub_(m), kth).mul_(inverse_sum)
 
     def backward(self, p, g, params, need_alpha_grad):
         return _softmax_vjp(p, g), None
