@@ -109,22 +109,27 @@ def test_outputs_and_gradients_equal_the_materialized_path(name, case):
         assert bool((weights_seen == 0).any())
 
 
+@pytest.fixture
+def specs(monkeypatch):
+    """The _Spec of each call of the blocked function in the test: its blocks and support map."""
+    made = []
+    spec_init = blocked._Spec.__init__
+
+    def recording(self, *args):
+        spec_init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(blocked._Spec, "__init__", recording)
+    return made
+
+
 @pytest.mark.parametrize("case", ["causal", "bias", "gqa"])
 @pytest.mark.parametrize("name", NORMALIZER_NAMES)
-def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, monkeypatch):
+def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, specs, monkeypatch):
     """Where a block of every head would pass its budget, the blocks take two heads (with GQA,
     the two that share a key head) before they take fewer queries: outputs and the gradients of
     query, key, value, a per-head bias and the alphas agree with the materialized path in
     float64 to 1e-12 of their scale."""
-    blocks = []
-    make_blocks = blocked._blocks
-
-    def recording(*args):
-        made = make_blocks(*args)
-        blocks.extend(made)
-        return made
-
-    monkeypatch.setattr(blocked, "_blocks", recording)
     keys = L if case == "causal" else S
     monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", 2 * 8 * keys)  # two heads of 8 queries
     normalizer = _normalizer(name).double()
@@ -132,7 +137,8 @@ def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, monkeypat
     inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
     arguments = dict(attn_mask=mask, is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)
     actual = scaled_dot_product_attention(query, key, value, block_queries=8, **arguments)
-    assert blocks and all(h1 - h0 == 2 and h0 % 2 == 0 for _, _, h0, h1, *_ in blocks), blocks
+    [spec] = specs
+    assert spec.blocks and all(h1 - h0 == 2 and h0 % 2 == 0 for _, _, h0, h1, *_ in spec.blocks), spec.blocks
     expected = _materialized(query, key, value, mask, is_causal, normalizer)
     _assert_relatively_close(actual, expected, 1e-12, "output")
     for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
@@ -402,20 +408,12 @@ def test_a_subsets_threshold_bounds_the_rows_support(name):
 
 @pytest.mark.parametrize("case", ["bias", "causal", "window", "gqa", "masked_rows", "one_head_blocks"])
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
-def test_key_blocks_without_weight_are_skipped_exactly(name, case, monkeypatch):
+def test_key_blocks_without_weight_are_skipped_exactly(name, case, specs, monkeypatch):
     """On clustered supports (local keys and a few seen from everywhere), the sparse maps run
     their P.V and backward over the key blocks with a nonzero weight only, and the outputs and
     the gradients of query, key, value, the additive mask and the alphas are those of the
     materialized path in float64, to 1e-12 of their scale; also where each block holds one head
     (one_head_blocks), whose support map is then that head's alone."""
-    specs = []
-    spec_init = blocked._Spec.__init__
-
-    def recording(self, *args):
-        spec_init(self, *args)
-        specs.append(self)
-
-    monkeypatch.setattr(blocked._Spec, "__init__", recording)
     normalizer = _normalizer(name)
     query, key, value, bias = _clustered_case(kv_heads=2 if case == "gqa" else H)
     if case == "one_head_blocks":  # a budget of one head's 32 queries
