@@ -452,6 +452,39 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, specs, monkey
         assert all(h1 - h0 == 1 for spec in specs for _, _, h0, h1, *_ in spec.blocks)
 
 
+@pytest.mark.parametrize("case", ["causal", "padding", "window", "gqa", "fixed_bias", "tied_queries"])
+def test_topk_blocks_hold_the_kept_keys_alone(case, specs):
+    """Top-k's blocks keep each row's k keys and their weights, and run P.V and the backward
+    over those alone, with no scores recomputed: outputs and gradients are the materialized
+    path's in float64, to 1e-12 of their scale, with rows that see fewer than k keys or none.
+    A block where a row's k-th largest score ties with the next is normalized whole (top-k
+    keeps every tied key), beside blocks that gather."""
+    normalizer = _normalizer("topk")
+    query, key, value, mask, is_causal = _case("bias" if case == "fixed_bias" else case, dtype=torch.float64)
+    if case == "fixed_bias":
+        mask = mask.detach()
+    if case == "tied_queries":  # queries 16-23 score 0 on every key
+        query = query.detach().clone()
+        query[:, :, 16:24] = 0.0
+        query.requires_grad_()
+    inputs = [query, key, value]
+    arguments = dict(attn_mask=mask, is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)
+    actual = scaled_dot_product_attention(query, key, value, block_queries=8, **arguments)
+    expected = _materialized(query, key, value, mask, is_causal, normalizer)
+    _assert_relatively_close(actual, expected, 1e-12, "output")
+    for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
+        _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
+    (spec,) = specs
+    gathered = [isinstance(support, blocked._KeptKeys) for support in spec.support]
+    if case == "tied_queries":
+        assert [q0 for (*_, q0, _, _, _), kept in zip(spec.blocks, gathered) if not kept] == [16]
+    else:
+        assert all(gathered)
+    if case == "causal":  # query i sees i + 1 keys: the hidden ones among its k weigh exactly 0
+        first = spec.support[0].weights.view(B, H, 8, -1)
+        assert (first > 0).sum(dim=-1).tolist() == [[[min(q + 1, 5) for q in range(8)]] * H] * B
+
+
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
 def test_skipping_stays_exact_on_large_float32_scores(name):
     """Scores near 1e5 in float32, whose spacing (2^-7) is coarser than any fixed margin: the

@@ -99,6 +99,20 @@ def test_sparse_maps_are_exact_threshold_functions(path, scores, alpha):
 
 
 @SETTINGS
+@given(st.integers(1, 3), st.integers(200, 1500), st.integers(1, 5), st.integers(0, 2**32 - 1), st.booleans())
+def test_topk_of_long_rows_matches_the_reference(rows, d, k, seed, masked):
+    """Rows longer than 256 k keys are searched by chunks of 64 (topk.largest_entries): the same
+    map, with few distinct values, so that ties cross the chunks, and masked keys."""
+    generator = np.random.default_rng(seed)
+    scores = generator.integers(-6, 6, size=(rows, d)).astype(np.float64)
+    if masked:
+        scores[generator.random((rows, d)) < 0.9] = -np.inf
+        scores[:, generator.integers(0, d)] = 0.0
+    p = topk_softmax(torch.from_numpy(scores), k)
+    np.testing.assert_allclose(p.numpy(), apply_rows(lambda s: topk_softmax_reference(s, k), scores), atol=1e-12)
+
+
+@SETTINGS
 @given(score_rows(), st.integers(-800, 800), alphas, st.integers(1, 12))
 def test_invariant_to_adding_a_constant_to_a_row(scores, eighths, alpha, k):
     x = torch.from_numpy(scores)

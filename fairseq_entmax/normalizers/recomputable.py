@@ -25,7 +25,7 @@ from fairseq_entmax.normalizers.alpha_entmax import _SOFTMAX_BELOW, alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15_rows_backward, entmax15_threshold
 from fairseq_entmax.normalizers.layers import FixedAlphaEntmax, LearnedAlphaEntmax, TopK
 from fairseq_entmax.normalizers.sparsemax import sparsemax_threshold
-from fairseq_entmax.normalizers.topk import topk_threshold
+from fairseq_entmax.normalizers.topk import largest_entries, topk_threshold
 
 
 def _reciprocal_sum(p, masked):
@@ -251,6 +251,23 @@ class TopKRows:
     def recompute(self, x, stats, params):
         m, kth, inverse_sum = stats
         return _kept_exp(x.sub_(m), kth).mul_(inverse_sum)
+
+    def kept_keys(self, x, params):
+        """The forward of the rows of x (rows, n) as their kept keys alone, the same weights
+        as forward's: (columns (rows, k) of the kept keys, their weights (rows, k)). None
+        where a row keeps more than k keys (a tie with its k-th largest), k is per row or
+        covers the row, or a row holds a NaN or +inf."""
+        if not isinstance(params, int) or params >= x.shape[1]:
+            return None
+        values, columns = largest_entries(x, params + 1)
+        kth, following = values[:, params - 1 : params], values[:, params:]
+        m, masked = row_maxima(values)
+        if bool(((following == kth) & (kth > float("-inf")) | (m != m) | (m == float("inf"))).any()):
+            return None
+        values, columns = values[:, :params], columns[:, :params]
+        left_out = values == float("-inf")  # of a row with fewer than k visible keys
+        p = values.sub_(m).clamp_min_(_TOPK_EXP_FLOOR).exp_().masked_fill_(left_out, 0.0)
+        return columns, p.mul_(_reciprocal_sum(p, masked))
 
     def backward(self, p, g, params, need_alpha_grad):
         return _softmax_vjp(p, g), None
