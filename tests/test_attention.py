@@ -380,6 +380,35 @@ def _clustered_case(kv_heads=H, tokens=512, dim=16, seed=0, dtype=torch.float64)
     return normal(H), normal(kv_heads), normal(kv_heads), bias.expand(1, H, tokens, tokens).clone().requires_grad_()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", NORMALIZER_NAMES)
+def test_row_maps_recompute_their_forward_and_keep_its_zeros(name, dtype):
+    """What the backward recomputes from a row's statistics is the forward's weights bit for
+    bit; both are the normalizer module's, with zeros where it has zeros, and weights where it
+    has more than 2e-35 (the floor of alpha-entmax's power), masked keys and a fully masked
+    row included."""
+    from fairseq_entmax.normalizers.recomputable import recomputable_rows
+
+    normalizer = _normalizer(name)
+    rows_map, _ = recomputable_rows(normalizer)
+    generator = torch.Generator().manual_seed(0)
+    scores = 3.0 * torch.randn(2, H, 16, 300, generator=generator, dtype=dtype)
+    scores[..., 250:] = float("-inf")
+    scores[1, 2, 7] = float("-inf")
+    flat = scores.reshape(-1, 300)
+    with torch.no_grad():
+        expected = normalizer(flat.view(2 * H, 16, 300)).reshape(-1, 300)
+        params = rows_map.block_params(scores, 0)
+        weights, stats = rows_map.forward(flat.clone(), params)
+        assert torch.equal(rows_map.recompute(flat.clone(), stats, params), weights)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-13
+    torch.testing.assert_close(weights, expected, atol=tolerance, rtol=0)
+    assert bool((weights[expected == 0] == 0).all())
+    assert bool((weights[expected > 2e-35] > 0).all())
+    if name != "softmax":
+        assert bool((expected[:, :250] == 0).any())
+
+
 @pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
 def test_a_subsets_threshold_bounds_the_rows_support(name):
     """The forward searches only the key blocks whose largest score reaches the threshold of

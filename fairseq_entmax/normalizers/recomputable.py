@@ -53,6 +53,25 @@ def _kept_exp(z, kth):
     return z.clamp_min_(_TOPK_EXP_FLOOR).exp_().mul_(kept)
 
 
+# torch.pow with a tensor exponent costs about 2 ns an entry on the CPU, exp and log a few
+# tenths, but exp of what underflows takes a slow path: alpha-entmax's power runs on exponents
+# clamped at -80, and subtracts a floor above exp(-80), so that what is below it is exactly 0.
+_POWER_LOG_FLOOR = -80.0
+_POWER_FLOOR = 2e-35
+
+
+def _power(z, exponent, exponent_at_least_one):
+    """[z]_+ ^ exponent (rows, 1), written into z. With every exponent >= 1 (alpha <= 2), as
+    exp(max(exponent log z, _POWER_LOG_FLOOR)) less _POWER_FLOOR: a power below the floor is 0
+    (z <= 0 is clamped to the smallest normal number, whose log times the exponent is below
+    -80), the others are _POWER_FLOOR (2e-35) less; in forward and recomputation alike."""
+    if not exponent_at_least_one:
+        return z.clamp_min_(0.0).pow_(exponent)
+    tiny = torch.finfo(z.dtype).tiny
+    z.clamp_min_(tiny).log_().mul_(exponent).clamp_min_(_POWER_LOG_FLOOR)
+    return z.exp_().sub_(_POWER_FLOOR).clamp_min_(0.0)
+
+
 def _reaches_threshold(z, tau):
     """Whether z (rows, n), computed from the scores as the forward computes it, reaches the
     row's tau less 1e-3, a margin against the rounding of a tau found on fewer scores."""
@@ -187,7 +206,7 @@ class AlphaEntmaxRows:
         z = x.sub_(m).mul_(searched).clamp_min_(-2.0)
         scratch = [torch.empty_like(z) for _ in range(3)]
         tau = alpha_entmax_threshold(z, searched, masked, scratch, self.at_most_two).masked_fill_(masked, float("inf"))
-        p = z.sub_(tau).clamp_min_(0.0).pow_(searched.reciprocal())
+        p = _power(z.sub_(tau), searched.reciprocal(), self.at_most_two)
         inverse_sum = _reciprocal_sum(p, masked)
         p.mul_(inverse_sum)
         if is_softmax is not None:
@@ -201,7 +220,7 @@ class AlphaEntmaxRows:
         m, tau, inverse_sum = stats
         _, is_softmax, searched = params
         raw = None if is_softmax is None else x.clone()
-        p = x.sub_(m).mul_(searched).clamp_min_(-2.0).sub_(tau).clamp_min_(0.0).pow_(searched.reciprocal())
+        p = _power(x.sub_(m).mul_(searched).clamp_min_(-2.0).sub_(tau), searched.reciprocal(), self.at_most_two)
         p.mul_(inverse_sum)
         if is_softmax is not None:
             p = torch.where(is_softmax, raw.sub_(m).exp_().mul_(inverse_sum), p)
