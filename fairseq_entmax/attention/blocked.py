@@ -128,9 +128,13 @@ class _Spec:
         # is drawn over all visible keys) runs each block over all of them.
         self.maps_support = rows.is_sparse and dropout_p == 0
         self.support = None
-        # Top-k's blocks hold each row's k kept keys instead (_KeptKeys), where the mask needs
-        # no gradient (set by the forward).
+        # Top-k's blocks keep each row's k kept keys instead (_KEPT_KEYS in support), where the
+        # mask needs no gradient (set by the forward): the keys' rows in the keys and values
+        # flattened to (batch x kv heads x keys, dim), and their weights, each (batch, heads,
+        # queries, k). Whole tensors, not one per block: small tensors that outlive their
+        # block would scatter the allocator's heap between the blocks' scores.
         self.gathers_kept_keys = isinstance(rows, TopKRows) and dropout_p == 0
+        self.kept_rows = self.kept_weights = None
         # Drawn from torch's default generator, so that torch.manual_seed fixes the dropout; each
         # block's keep mask comes from its own generator, seeded from it, forward and backward.
         self.seed = int(torch.randint(0, 2**62, ())) if dropout_p > 0 and blocks else None
@@ -186,9 +190,13 @@ class _Spec:
         # in beside them has none.
         return stats, _runs(may_weigh(stats).logical_and_(candidate), k0, k1), p.view_as(held), candidates
 
-    def kept_keys(self, scores, params, b0, b1, h0, h1, q0, q1, k0):
-        """The top-k forward of a block as its kept keys (_KeptKeys), or None where the block
-        is normalized over its key ranges instead (TopKRows.kept_keys)."""
+    def keep_keys(self, scores, params, b0, b1, h0, h1, q0, q1, k0):
+        """Store the top-k forward of a block as its kept keys (kept_rows, kept_weights).
+
+        Returns:
+            The block's weights (rows, k) and their rows (rows, k), or None where the block is
+            normalized over its key ranges instead (TopKRows.kept_keys).
+        """
         if not self.gathers_kept_keys or scores.device.type != "cpu":
             return None
         found = self.rows.kept_keys(scores.view(-1, scores.shape[-1]), params)
@@ -197,7 +205,14 @@ class _Spec:
         columns, weights = found
         kv_heads = torch.arange(h0, h1, device=scores.device) // self.groups
         first = (torch.arange(b0, b1, device=scores.device)[:, None] * self.kv_heads + kv_heads) * self.keys + k0
-        return _KeptKeys(columns + first.repeat_interleave(q1 - q0).view(-1, 1), weights)
+        rows = columns.add_(first.repeat_interleave(q1 - q0).view(-1, 1))
+        if self.kept_rows is None:
+            shape = (self.batch, self.heads, self.queries, rows.shape[-1])
+            self.kept_rows = rows.new_empty(shape)
+            self.kept_weights = weights.new_empty(shape)
+        self.kept_rows[b0:b1, h0:h1, q0:q1] = rows.view(b1 - b0, h1 - h0, q1 - q0, -1)
+        self.kept_weights[b0:b1, h0:h1, q0:q1] = weights.view(b1 - b0, h1 - h0, q1 - q0, -1)
+        return weights, rows
 
     def runs_scores(self, query, key, value, b0, b1, h0, h1, q0, q1, runs):
         """block_scores over the keys of `runs` (key ranges of the block), concatenated: (scaled
@@ -238,39 +253,40 @@ class _Spec:
         return q, k, scores
 
 
-class _KeptKeys:
-    """A top-k block's support: each row's kept keys, as rows (rows, k) of the keys and values
-    flattened to (batch x kv heads x keys, dim), and their weights (rows, k). The forward's P.V
-    and the whole backward gather those rows: no scores are recomputed."""
+# A top-k block's entry in _Spec.support: the block keeps each row's k keys (kept_rows).
+_KEPT_KEYS = "kept keys"
 
-    def __init__(self, rows, weights):
-        self.rows, self.weights = rows, weights
 
-    def gather(self, flat):
-        """The kept rows of flat (batch x kv heads x keys, dim): (rows, k, dim)."""
-        return flat.index_select(0, self.rows.view(-1)).view(*self.rows.shape, flat.shape[-1])
+def _gather(flat, rows):
+    """The rows (rows, k) of flat (batch x kv heads x keys, dim): (rows, k, dim)."""
+    return flat.index_select(0, rows.view(-1)).view(*rows.shape, flat.shape[-1])
 
-    def add_into(self, total, per_key):
-        """Add per_key (rows, k, dim) into total (batch, kv heads, keys, dim) at the kept rows."""
-        total.view(-1, total.shape[-1]).index_add_(0, self.rows.view(-1), per_key.view(-1, total.shape[-1]))
 
-    def backward(self, spec, q4, k4, v4, grad, dq, dk, dv, block):
-        """A gathered block's gradients, added into dq, dk and dv (None where not needed);
-        grad (rows, 1, value dim) is the output's."""
-        b0, b1, h0, h1, q0, q1, _, _ = block
-        if dv is not None:
-            self.add_into(dv, self.weights.unsqueeze(-1) * grad)
-        if dq is None and dk is None:
-            return
-        g_weights = torch.bmm(self.gather(v4.view(-1, v4.shape[-1])), grad.transpose(1, 2)).squeeze(-1)
-        g_scores = g_weights.mul_(self.weights).addcmul_(self.weights, g_weights.sum(dim=-1, keepdim=True), value=-1.0)
-        if dq is not None:
-            kept_keys = self.gather(k4.view(-1, k4.shape[-1]))
-            rows = dq[b0:b1, h0:h1, q0:q1]
-            rows.copy_(torch.bmm(g_scores.unsqueeze(1), kept_keys).mul_(spec.scale).view_as(rows))
-        if dk is not None:
-            scaled_queries = q4[b0:b1, h0:h1, q0:q1].reshape(-1, 1, q4.shape[-1]) * spec.scale
-            self.add_into(dk, g_scores.unsqueeze(-1) * scaled_queries)
+def _add_at(total, rows, per_key):
+    """Add per_key (rows, k, dim) into total (batch, kv heads, keys, dim) at its rows (rows, k)."""
+    total.view(-1, total.shape[-1]).index_add_(0, rows.view(-1), per_key.view(-1, total.shape[-1]))
+
+
+def _kept_keys_backward(spec, q4, k4, v4, grad4, dq, dk, dv, block):
+    """Add a top-k block's gradients into dq, dk and dv (None where not needed), from its kept
+    keys alone: the weights' VJP is softmax's over the k kept keys."""
+    b0, b1, h0, h1, q0, q1, _, _ = block
+    rows = spec.kept_rows[b0:b1, h0:h1, q0:q1].reshape(-1, spec.kept_rows.shape[-1])
+    weights = spec.kept_weights[b0:b1, h0:h1, q0:q1].reshape(rows.shape)
+    grad = grad4[b0:b1, h0:h1, q0:q1].to(weights.dtype).reshape(-1, 1, grad4.shape[-1])
+    if dv is not None:
+        _add_at(dv, rows, weights.unsqueeze(-1) * grad)
+    if dq is None and dk is None:
+        return
+    g_weights = torch.bmm(_gather(v4.view(-1, v4.shape[-1]), rows), grad.transpose(1, 2)).squeeze(-1)
+    g_scores = g_weights.mul_(weights).addcmul_(weights, g_weights.sum(dim=-1, keepdim=True), value=-1.0)
+    if dq is not None:
+        block_dq = dq[b0:b1, h0:h1, q0:q1]
+        kept_keys = _gather(k4.view(-1, k4.shape[-1]), rows)
+        block_dq.copy_(torch.bmm(g_scores.unsqueeze(1), kept_keys).mul_(spec.scale).view_as(block_dq))
+    if dk is not None:
+        scaled_queries = q4[b0:b1, h0:h1, q0:q1].reshape(-1, 1, q4.shape[-1]) * spec.scale
+        _add_at(dk, rows, g_scores.unsqueeze(-1) * scaled_queries)
 
 
 def _runs(kept, k0, k1):
@@ -319,13 +335,15 @@ class _BlockedAttention(torch.autograd.Function):
         stats = None
         spec.support = []  # anew where the forward runs again (activation checkpointing)
         spec.gathers_kept_keys = spec.gathers_kept_keys and not ctx.needs_input_grad[3]
+        spec.kept_rows = spec.kept_weights = None
         for index, (b0, b1, h0, h1, q0, q1, k0, k1) in enumerate(spec.blocks):
             _, _, scores = spec.block_scores(q4, k4, b0, b1, h0, h1, q0, q1, k0, k1)
             params = spec.rows.block_params(scores.view(b1 - b0, h1 - h0, q1 - q0, k1 - k0), h0)
-            kept = spec.kept_keys(scores, params, b0, b1, h0, h1, q0, q1, k0)
+            kept = spec.keep_keys(scores, params, b0, b1, h0, h1, q0, q1, k0)
             if kept is not None:
-                spec.support.append(kept)
-                block_out = torch.bmm(kept.weights.unsqueeze(1), kept.gather(v4.view(-1, v4.shape[-1])))
+                spec.support.append(_KEPT_KEYS)
+                weights, rows = kept
+                block_out = torch.bmm(weights.unsqueeze(1), _gather(v4.view(-1, v4.shape[-1]), rows))
                 out[b0:b1, h0:h1, q0:q1] = block_out.view(b1 - b0, h1 - h0, q1 - q0, -1)
                 continue
             found = spec.sparse_forward(scores, params, k0, k1)
@@ -369,9 +387,8 @@ class _BlockedAttention(torch.autograd.Function):
         dalpha = torch.zeros(spec.heads, dtype=work_dtype, device=query.device) if need_alpha else None
         for index, ((b0, b1, h0, h1, q0, q1, _, _), runs) in enumerate(zip(spec.blocks, spec.support)):
             batch, heads, queries = b1 - b0, h1 - h0, q1 - q0
-            if isinstance(runs, _KeptKeys):
-                grad = grad4[b0:b1, h0:h1, q0:q1].to(work_dtype).reshape(-1, 1, grad4.shape[-1])
-                runs.backward(spec, q4, k4, v4, grad, dq, dk, dv, spec.blocks[index])
+            if runs is _KEPT_KEYS:
+                _kept_keys_backward(spec, q4, k4, v4, grad4, dq, dk, dv, spec.blocks[index])
                 continue
             q, k, scores, v = spec.runs_scores(q4, k4, v4, b0, b1, h0, h1, q0, q1, runs)
             keys = scores.shape[-1]

@@ -283,7 +283,7 @@ class TopKRows:
         m, masked = row_maxima(values)
         if bool(((following == kth) & (kth > float("-inf")) | (m != m) | (m == float("inf"))).any()):
             return None
-        values, columns = values[:, :params], columns[:, :params]
+        values, columns = values[:, :params].contiguous(), columns[:, :params].contiguous()
         left_out = values == float("-inf")  # of a row with fewer than k visible keys
         p = values.sub_(m).clamp_min_(_TOPK_EXP_FLOOR).exp_().masked_fill_(left_out, 0.0)
         return columns, p.mul_(_reciprocal_sum(p, masked))
