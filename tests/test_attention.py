@@ -130,9 +130,12 @@ def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, specs, mo
     the two that share a key head) before they take fewer queries: outputs and the gradients of
     query, key, value, a per-head bias and the alphas agree with the materialized path in
     float64 to 1e-12 of their scale."""
+    from fairseq_entmax.normalizers.recomputable import recomputable_rows
+
     keys = L if case == "causal" else S
-    monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", 2 * 8 * keys)  # two heads of 8 queries
     normalizer = _normalizer(name).double()
+    share = recomputable_rows(normalizer)[0].block_share  # of BLOCK_ELEMENTS
+    monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", round(2 * 8 * keys / share))  # two heads of 8 queries
     query, key, value, mask, is_causal = _case(case, dtype=torch.float64)
     inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
     arguments = dict(attn_mask=mask, is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)

@@ -565,12 +565,12 @@ def _normalizer_module(normalizer, heads, options):
     return build_normalizer(normalizer, heads, **options)
 
 
-def _blocks(spec_shapes, groups, dim, mask, is_causal, device, block_queries):
+def _blocks(spec_shapes, groups, dim, mask, is_causal, device, block_queries, block_share):
     batch, heads, queries, keys = spec_shapes
     # At most half the query's elements: at short lengths a block's scratch then stays within the
     # size of the inputs, which is what torch's fused attention holds.
     budget = min(
-        BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"],
+        int(BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] * block_share),
         max(1 << 16, batch * heads * queries * dim // 2),
     )
     chosen = block_queries is not None
@@ -671,7 +671,9 @@ def scaled_dot_product_attention(
     )
     shapes = (batch, heads, queries, keys)
     groups = heads // key.shape[-3]
-    blocks = [] if small else _blocks(shapes, groups, dim, mask, is_causal, query.device, block_queries)
+    blocks = (
+        [] if small else _blocks(shapes, groups, dim, mask, is_causal, query.device, block_queries, rows.block_share)
+    )
     spec = _Spec(
         batch_shape, heads, key.shape[-3], queries, keys, rows, mask, is_causal, float(scale), float(dropout_p), blocks
     )

@@ -84,6 +84,8 @@ class SoftmaxRows:
     learns_alpha = False
     # Whether a row's p has zeros worth skipping (blocked attention's support map).
     is_sparse = False
+    # The share of BLOCK_ELEMENTS (blocked attention) its blocks of scores take.
+    block_share = 1.0
 
     def block_params(self, scores, first_head):
         return None
@@ -107,6 +109,7 @@ class SparsemaxRows:
 
     learns_alpha = False
     is_sparse = True
+    block_share = 1.0
 
     def block_params(self, scores, first_head):
         return None
@@ -140,6 +143,7 @@ class Entmax15Rows:
 
     learns_alpha = False
     is_sparse = True
+    block_share = 1.0
 
     def block_params(self, scores, first_head):
         return None
@@ -176,6 +180,9 @@ class AlphaEntmaxRows:
 
     learns_alpha = True
     is_sparse = True
+    # Its search and the alphas' gradient hold twice the scratch of the others: its blocks take
+    # half the elements, within 2x SDPA's memory at the same speed (benchmarks/RESULTS.md).
+    block_share = 0.5
 
     def __init__(self, alpha, at_most_two):
         self.alpha = alpha
@@ -243,6 +250,7 @@ class TopKRows:
 
     learns_alpha = False
     is_sparse = True
+    block_share = 1.0
 
     def __init__(self, normalizer):
         self.normalizer = normalizer
