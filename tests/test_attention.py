@@ -130,12 +130,9 @@ def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, specs, mo
     the two that share a key head) before they take fewer queries: outputs and the gradients of
     query, key, value, a per-head bias and the alphas agree with the materialized path in
     float64 to 1e-12 of their scale."""
-    from fairseq_entmax.normalizers.recomputable import recomputable_rows
-
     keys = L if case == "causal" else S
+    monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", 2 * 8 * keys)  # two heads of 8 queries
     normalizer = _normalizer(name).double()
-    share = recomputable_rows(normalizer)[0].block_share  # of BLOCK_ELEMENTS
-    monkeypatch.setitem(blocked.BLOCK_ELEMENTS, "cpu", round(2 * 8 * keys / share))  # two heads of 8 queries
     query, key, value, mask, is_causal = _case(case, dtype=torch.float64)
     inputs = [query, key, value] + ([mask] if case == "bias" else []) + list(normalizer.parameters())
     arguments = dict(attn_mask=mask, is_causal=is_causal, enable_gqa=case == "gqa", normalizer=normalizer)
@@ -146,6 +143,21 @@ def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, specs, mo
     _assert_relatively_close(actual, expected, 1e-12, "output")
     for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
         _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
+
+
+def test_learned_alpha_blocks_take_half_the_elements_but_64_queries_of_a_head():
+    """Learned alpha-entmax's search and the alphas' gradient hold twice the scratch of the other
+    maps: its blocks take half of BLOCK_ELEMENTS (2^20 on the CPU), but no fewer than
+    MIN_BLOCK_QUERIES queries of one head, whose products would be slower."""
+    from fairseq_entmax.normalizers.recomputable import recomputable_rows
+
+    def largest_block(name, tokens):
+        share = recomputable_rows(_normalizer(name, heads=8))[0].block_share
+        blocks = blocked._blocks((1, 8, tokens, tokens), 1, 64, None, False, torch.device("cpu"), None, share)
+        return max((b1 - b0) * (h1 - h0) * (q1 - q0) * (k1 - k0) for b0, b1, h0, h1, q0, q1, k0, k1 in blocks)
+
+    assert [largest_block(name, 4096) for name in ("sparsemax", "alpha_entmax")] == [2**20, 2**19]
+    assert [largest_block(name, 16384) for name in ("sparsemax", "alpha_entmax")] == [2**20, 2**20]
 
 
 @pytest.mark.parametrize(

@@ -569,10 +569,11 @@ def _blocks(spec_shapes, groups, dim, mask, is_causal, device, block_queries, bl
     batch, heads, queries, keys = spec_shapes
     # At most half the query's elements: at short lengths a block's scratch then stays within the
     # size of the inputs, which is what torch's fused attention holds.
-    budget = min(
-        int(BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] * block_share),
-        max(1 << 16, batch * heads * queries * dim // 2),
-    )
+    elements = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"]
+    # A map's share of them, but no fewer than MIN_BLOCK_QUERIES queries of one head where the
+    # whole budget holds them: blocks of fewer queries make slower products.
+    elements = max(int(elements * block_share), min(elements, MIN_BLOCK_QUERIES * keys))
+    budget = min(elements, max(1 << 16, batch * heads * queries * dim // 2))
     chosen = block_queries is not None
     if not chosen:
         block_queries = min(queries, max(MIN_BLOCK_QUERIES, budget // max(1, batch * heads * keys)))
