@@ -14,6 +14,11 @@ starts with the same line). It is checked in one of these ways:
   with TINY_LIMITS appended to its fairseq commands (one update, on the CPU, short
   translations): the documented workflow trains a model of the documented architecture and
   options, saves it where the next command loads it, and translates every test sentence.
+- Trained(check): bash runs the block as written, with TINY's limits, in a folder where
+  data-bin (or each data-bin/NAME) is the tiny corpus and each checkpoints/NAME/checkpoint_best.pt
+  it reads is a tiny model of the normalizer NAME starts with (conftest's trained_model, or, with
+  logs=True, trained there with a --log-file and validations, as a block that draws learning
+  curves needs), or what the shell `prelude` wrote there; then check(folder, output).
 - SYNOPSIS: a usage line with [optional] parts: every --option it names must be in the
   command's --help.
 - a function: an output sample, checked against the code that prints it.
@@ -21,6 +26,7 @@ starts with the same line). It is checked in one of these ways:
 A block that is not in the table fails the test, and so does an entry whose block is gone.
 """
 
+import json
 import os
 import re
 import shutil
@@ -102,13 +108,48 @@ def _quickstart_plan_is_printed(block):
     assert block.strip().splitlines() == printed
 
 
+class Trained:
+    """A block run on tiny trained models (the module's docstring); check(folder, output)."""
+
+    def __init__(self, check, logs=False, prelude=None):
+        self.check, self.logs, self.prelude = check, logs, prelude
+
+
+def _analysis_of_three_models(folder, output):
+    analysis = json.loads((folder / "analysis" / "analysis.json").read_text())
+    assert [model["name"] for model in analysis["models"]] == ["softmax", "entmax15", "alpha_entmax"], output
+    assert {model["subset"] for model in analysis["models"]} == {"valid"}
+    written = (folder / "analysis" / "written_files.txt").read_text().split()
+    assert all((folder / "analysis" / name).stat().st_size > 0 for name in written) and len(written) > 3
+
+
+def _finetuned_from_softmax(folder, output):
+    assert "loading pretrained model from checkpoints/softmax/checkpoint_best.pt" in output, output[-2000:]
+    assert "encoder.layers.0.self_attn.normalizer.alpha_logit: not in the checkpoint" in output, output[-2000:]
+    assert (folder / "checkpoints" / "alpha_entmax_finetuned" / "checkpoint_best.pt").is_file()
+
+
+# The softmax model of the same architecture that docs/fairseq.md's fine-tuning starts from.
+SOFTMAX_TO_FINETUNE = """fairseq-train data-bin --user-dir $USER_DIR --arch adaptively_sparse_transformer_iwslt_de_en \\
+    --share-all-embeddings --attention-normalizer softmax --optimizer adam --lr 5e-4 \\
+    --criterion label_smoothed_cross_entropy --max-tokens 4096 --save-dir checkpoints/softmax
+"""
+
+
+def _learning_curves_of_two_normalizers(folder, output):
+    assert "learning curves: entmax15 (2 runs), alpha (1 run)" in output, output[-2000:]
+    assert (folder / "analysis" / "learning_curves.png").stat().st_size > 0
+
+
 # (file, the block's first line) -> how it is checked.
 DOC_BLOCKS = {
     ("README.md", "make demo   # set up .venv, then train softmax / 1.5-entmax / alpha-entmax / top-k models on a built-in toy corpus and print their table"): PARSE,
     ("README.md", 'USER_DIR=$(python -c "import fairseq_entmax, os; print(os.path.dirname(fairseq_entmax.__file__))")'): TINY,
     ("README.md", "fairseq-entmax-analyze DATA-BIN --user-dir $USER_DIR --path CKPT [--path CKPT ...] \\"): SYNOPSIS,
-    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\"): PARSE,
-    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\ #2"): PARSE,
+    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\"): Trained(_analysis_of_three_models),
+    ("docs/analysis.md", "fairseq-entmax-analyze data-bin/iwslt14.tokenized.de-en \\ #2"): Trained(
+        _learning_curves_of_two_normalizers, logs=True
+    ),
     ("docs/analysis.md", "{"): _source_has(
         "fairseq_entmax/analysis", "positional_threshold", "interrogation_threshold", "sentence_id"
     ),
@@ -116,7 +157,9 @@ DOC_BLOCKS = {
     ("docs/fairseq.md", "fairseq-generate: error: Refusing to load checkpoint x.pt: it contains a pickled posix.system,"): _source_has(
         "fairseq_entmax/repairs/checkpoint_safety.py", "Refusing to load checkpoint", "not a type fairseq checkpoints hold"
     ),
-    ("docs/fairseq.md", "fairseq-train data-bin --user-dir $USER_DIR \\"): PARSE,
+    ("docs/fairseq.md", "fairseq-train data-bin --user-dir $USER_DIR \\"): Trained(
+        _finetuned_from_softmax, prelude=SOFTMAX_TO_FINETUNE
+    ),
     ("docs/fairseq.md", "INFO | fairseq_entmax.normalizers.layers | encoder.layers.0.self_attn.normalizer.alpha_logit:"): _source_has(
         "fairseq_entmax/normalizers/layers.py", "not in the checkpoint (trained without learned alpha)", "heads start"
     ),
@@ -259,6 +302,49 @@ def _run_on_tiny_data(block, tmp_path, data_bin):
     return proc.stdout
 
 
+def _run_on_trained_models(block, tmp_path, request, how):
+    """Run a Trained block (the module's docstring) and its check, then remove its checkpoints."""
+    from helpers import train_tiny
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "fairseq_entmax").symlink_to(PACKAGE_FOLDER)  # `--user-dir fairseq_entmax`, as in a checkout
+    data_bin = request.getfixturevalue("tiny_data").data_bin
+    names = set(re.findall(r"data-bin/([\w.-]+)", block))
+    if not names:
+        (folder / "data-bin").symlink_to(data_bin)
+    for name in names:
+        (folder / "data-bin").mkdir(parents=True, exist_ok=True)
+        (folder / "data-bin" / name).symlink_to(data_bin)
+    for name in [] if how.prelude else re.findall(r"checkpoints/([\w-]+)/checkpoint_best\.pt", block):
+        normalizer = {"alpha": "alpha_entmax"}.get(name.split("-seed")[0], name.split("-seed")[0])
+        save_dir = folder / "checkpoints" / name
+        save_dir.mkdir(parents=True)
+        if how.logs:  # validated every 10 updates, into a --log-file the checkpoint records
+            seed = name.split("-seed")[1]
+            options = f"--max-update 20 --validate-interval-updates 10 --seed {seed} --log-format simple"
+            log = ["--log-file", save_dir / "train.log"]
+            train_tiny(data_bin, save_dir, "--attention-normalizer", normalizer, *options.split(), *log)
+            shutil.copy(save_dir / "checkpoint_last.pt", save_dir / "checkpoint_best.pt")
+        else:
+            trained = request.getfixturevalue("trained_model")(normalizer)
+            (save_dir / "checkpoint_best.pt").symlink_to(trained.checkpoint)
+    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", TINY_SHIMS + (how.prelude or "") + block],
+            cwd=folder,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        how.check(folder, proc.stdout + proc.stderr)
+    finally:  # the documented architecture's checkpoints are hundreds of MB
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
 def _check_synopsis(block):
     words = block.split()
     program = [sys.executable, *words[1:3]] if words[0].endswith("python") else [str(bin_dir() / words[0])]
@@ -308,6 +394,8 @@ def test_documented_block(key, tmp_path, request, tiny_outputs):
         assert output.count("Generate test with beam=") == translations, output[-2000:]
         if "--print-alignment" in block:
             assert len(re.findall(r"^A-\d+\t", output, flags=re.M)) >= TINY_TEST_SENTENCES
+    elif isinstance(how, Trained):
+        _run_on_trained_models(block, tmp_path, request, how)
     else:
         how(block)
 
