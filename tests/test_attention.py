@@ -496,6 +496,40 @@ def test_key_blocks_without_weight_are_skipped_exactly(name, case, specs, monkey
         assert all(h1 - h0 == 1 for spec in specs for _, _, h0, h1, *_ in spec.blocks)
 
 
+@pytest.mark.parametrize("name", [name for name in NORMALIZER_NAMES if name != "softmax"])
+def test_rows_search_their_own_candidate_key_blocks(name, monkeypatch):
+    """Where every key block is a candidate of some row but each row has few, the threshold
+    search runs on each row's candidate blocks gathered (the rest -inf): outputs and gradients
+    of query, key, value and an additive mask (top-k then keeps its whole rows) are the
+    materialized path's in float64, to 1e-12 of their scale, with a fully masked query."""
+    searched = []
+    statistics = blocked._statistics_of_row_candidates
+
+    def recording(*arguments):
+        found = statistics(*arguments)
+        searched.append(found is not None)
+        return found
+
+    monkeypatch.setattr(blocked, "_statistics_of_row_candidates", recording)
+    # Learned alpha at 1.5 in every head: a head near softmax weighs every key block.
+    options = {"alpha_init": 1.5} if name == "alpha_entmax" else {"topk": 5}
+    normalizer = build_normalizer(name, H, **options).double()
+    generator = torch.Generator().manual_seed(0)
+    query = (8.0 * torch.randn(1, H, 64, 16, generator=generator, dtype=torch.float64)).requires_grad_()
+    key, value = (torch.randn(1, H, 1000, 16, generator=generator, dtype=torch.float64) for _ in range(2))
+    key.requires_grad_(), value.requires_grad_()
+    bias = torch.zeros(1, H, 64, 1000, dtype=torch.float64)
+    bias[0, 0, 5] = float("-inf")  # a query that sees no key
+    bias.requires_grad_()
+    inputs = [query, key, value, bias, *normalizer.parameters()]
+    actual = scaled_dot_product_attention(query, key, value, attn_mask=bias, block_queries=32, normalizer=normalizer)
+    expected = _materialized(query, key, value, bias, False, normalizer)
+    _assert_relatively_close(actual, expected, 1e-12, "output")
+    for index, (got, reference) in enumerate(zip(_gradients(actual, inputs), _gradients(expected, inputs))):
+        _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
+    assert any(searched), searched
+
+
 @pytest.mark.parametrize("case", ["causal", "padding", "window", "gqa", "fixed_bias", "tied_queries"])
 def test_topk_blocks_hold_the_kept_keys_alone(case, specs):
     """Top-k's blocks keep each row's k keys and their weights, and run P.V and the backward

@@ -41,6 +41,9 @@ SUPPORT_KEYS = 64
 # Above this fraction of a block's visible keys in the support, gathering them costs more than
 # it saves: the block runs over all of them.
 MOST_SUPPORT_GATHERED = 0.75
+# Where every key block is some row's candidate, the threshold search runs on each row's own
+# candidate blocks gathered, when none has more than this fraction of the keys.
+MOST_ROW_CANDIDATES = 0.5
 
 
 class _Mask:
@@ -174,15 +177,23 @@ class _Spec:
             return None
         seen = m > float("-inf")  # fully masked rows have no weight anywhere
 
-        def may_weigh(stats):  # per key block: whether some row may give it weight
-            return self.rows.may_weigh(block_max, stats, params).logical_and_(seen).any(dim=0)
+        def row_may_weigh(stats):  # per row and key block: whether the row may give it weight
+            return self.rows.may_weigh(block_max, stats, params).logical_and_(seen)
 
-        candidate = may_weigh(self.rows.forward(block_max.clone(), params)[1])
+        def may_weigh(stats):  # per key block: whether some row may give it weight
+            return row_may_weigh(stats).any(dim=0)
+
+        bound = row_may_weigh(self.rows.forward(block_max.clone(), params)[1])
+        candidate = bound.any(dim=0)
         candidates = _runs(candidate, k0, k1)
         if not candidates:
             return None
         if candidates == [(k0, k1)]:
-            p, stats = self.rows.forward(x, params)
+            stats = _statistics_of_row_candidates(self.rows, x, bound, params)
+            if stats is None:
+                p, stats = self.rows.forward(x, params)
+            else:
+                p = self.rows.recompute(x, stats, params)
             return stats, _runs(may_weigh(stats), k0, k1), p.view_as(scores), candidates
         held = torch.cat([scores[:, :, r0 - k0 : r1 - k0] for r0, r1 in candidates], dim=-1)
         p, stats = self.rows.forward(held.view(x.shape[0], -1), params)
@@ -287,6 +298,28 @@ def _kept_keys_backward(spec, q4, k4, v4, grad4, dq, dk, dv, block):
     if dk is not None:
         scaled_queries = q4[b0:b1, h0:h1, q0:q1].reshape(-1, 1, q4.shape[-1]) * spec.scale
         _add_at(dk, rows, g_scores.unsqueeze(-1) * scaled_queries)
+
+
+def _statistics_of_row_candidates(rows, x, candidate, params):
+    """The statistics of the rows of x (rows, keys) from each row's own candidate key blocks
+    (candidate: (rows, key blocks) bool, the last block possibly partial) gathered, the others
+    -inf: the same threshold, maximum and sum, since the keys left out have no weight. None
+    where some row's candidates are more than MOST_ROW_CANDIDATES of the keys: then the search
+    over the whole rows costs less than the gathering."""
+    keys = x.shape[1]
+    whole_blocks = keys // SUPPORT_KEYS
+    chosen = candidate[:, :whole_blocks]
+    most = int(chosen.sum(dim=-1).max())
+    if most * SUPPORT_KEYS > MOST_ROW_CANDIDATES * keys:
+        return None
+    blocks = torch.topk(chosen.to(x.dtype), most, dim=-1, sorted=False)
+    by_block = x[:, : whole_blocks * SUPPORT_KEYS].view(x.shape[0], whole_blocks, SUPPORT_KEYS)
+    gathered = torch.gather(by_block, 1, blocks.indices.unsqueeze(-1).expand(-1, -1, SUPPORT_KEYS))
+    gathered.masked_fill_(blocks.values.unsqueeze(-1) == 0, float("-inf"))  # rows with fewer candidates
+    gathered = gathered.view(x.shape[0], -1)
+    if whole_blocks * SUPPORT_KEYS < keys:
+        gathered = torch.cat([gathered, x[:, whole_blocks * SUPPORT_KEYS :]], dim=-1)
+    return rows.forward(gathered, params)[1]
 
 
 def _runs(kept, k0, k1):
