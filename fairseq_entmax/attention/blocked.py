@@ -273,6 +273,13 @@ def _gather(flat, rows):
     return flat.index_select(0, rows.view(-1)).view(*rows.shape, flat.shape[-1])
 
 
+def _weighted_sum(weights, kept):
+    """sum_i weights[:, i] kept[:, i] of weights (rows, k) and kept (rows, k, dim): (rows, dim).
+    Not torch.bmm, which on the CPU loops over its (rows) products of a k-vector, each with the
+    cost of an operator call."""
+    return kept.mul_(weights.unsqueeze(-1)).sum(dim=1)
+
+
 def _add_at(total, rows, per_key):
     """Add per_key (rows, k, dim) into total (batch, kv heads, keys, dim) at its rows (rows, k)."""
     total.view(-1, total.shape[-1]).index_add_(0, rows.view(-1), per_key.view(-1, total.shape[-1]))
@@ -289,12 +296,12 @@ def _kept_keys_backward(spec, q4, k4, v4, grad4, dq, dk, dv, block):
         _add_at(dv, rows, weights.unsqueeze(-1) * grad)
     if dq is None and dk is None:
         return
-    g_weights = torch.bmm(_gather(v4.view(-1, v4.shape[-1]), rows), grad.transpose(1, 2)).squeeze(-1)
+    g_weights = _gather(v4.view(-1, v4.shape[-1]), rows).mul_(grad).sum(dim=-1)
     g_scores = g_weights.mul_(weights).addcmul_(weights, g_weights.sum(dim=-1, keepdim=True), value=-1.0)
     if dq is not None:
         block_dq = dq[b0:b1, h0:h1, q0:q1]
         kept_keys = _gather(k4.view(-1, k4.shape[-1]), rows)
-        block_dq.copy_(torch.bmm(g_scores.unsqueeze(1), kept_keys).mul_(spec.scale).view_as(block_dq))
+        block_dq.copy_(_weighted_sum(g_scores, kept_keys).mul_(spec.scale).view_as(block_dq))
     if dk is not None:
         scaled_queries = q4[b0:b1, h0:h1, q0:q1].reshape(-1, 1, q4.shape[-1]) * spec.scale
         _add_at(dk, rows, g_scores.unsqueeze(-1) * scaled_queries)
@@ -376,7 +383,7 @@ class _BlockedAttention(torch.autograd.Function):
             if kept is not None:
                 spec.support.append(_KEPT_KEYS)
                 weights, rows = kept
-                block_out = torch.bmm(weights.unsqueeze(1), _gather(v4.view(-1, v4.shape[-1]), rows))
+                block_out = _weighted_sum(weights, _gather(v4.view(-1, v4.shape[-1]), rows))
                 out[b0:b1, h0:h1, q0:q1] = block_out.view(b1 - b0, h1 - h0, q1 - q0, -1)
                 continue
             found = spec.sparse_forward(scores, params, k0, k1)
