@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, topk_softmax
+from fairseq_entmax.normalizers.topk import largest_entries
 from normalizer_paths import PATHS
 from normalizer_references import (
     alpha_entmax_reference,
@@ -101,8 +102,9 @@ def test_sparse_maps_are_exact_threshold_functions(path, scores, alpha):
 @SETTINGS
 @given(st.integers(1, 3), st.integers(200, 1500), st.integers(1, 5), st.integers(0, 2**32 - 1), st.booleans())
 def test_topk_of_long_rows_matches_the_reference(rows, d, k, seed, masked):
-    """Rows longer than 256 k keys are searched by chunks of 64 (topk.largest_entries): the same
-    map, with few distinct values, so that ties cross the chunks, and masked keys."""
+    """Rows of 256 keys or more are searched by chunks (topk.largest_entries): the same map and
+    the same largest entries, with few distinct values, so that ties cross the chunks, and
+    masked keys."""
     generator = np.random.default_rng(seed)
     scores = generator.integers(-6, 6, size=(rows, d)).astype(np.float64)
     if masked:
@@ -110,6 +112,12 @@ def test_topk_of_long_rows_matches_the_reference(rows, d, k, seed, masked):
         scores[:, generator.integers(0, d)] = 0.0
     p = topk_softmax(torch.from_numpy(scores), k)
     np.testing.assert_allclose(p.numpy(), apply_rows(lambda s: topk_softmax_reference(s, k), scores), atol=1e-12)
+    # the k + 1 largest, as blocked attention's top-k asks for them: values and where they are
+    x = torch.from_numpy(scores)
+    values, indices = largest_entries(x, k + 1)
+    assert torch.equal(values, torch.topk(x, k + 1, dim=-1).values)
+    assert torch.equal(x.gather(-1, indices), values)
+    assert all(len(set(row)) == k + 1 for row in indices.tolist())
 
 
 @SETTINGS
