@@ -516,8 +516,9 @@ def test_rows_search_their_own_candidate_key_blocks(name, monkeypatch):
     normalizer = build_normalizer(name, H, **options).double()
     generator = torch.Generator().manual_seed(0)
     query = (8.0 * torch.randn(1, H, 64, 16, generator=generator, dtype=torch.float64)).requires_grad_()
-    key, value = (torch.randn(1, H, 1000, 16, generator=generator, dtype=torch.float64) for _ in range(2))
-    key.requires_grad_(), value.requires_grad_()
+    key, value = (
+        torch.randn(1, H, 1000, 16, generator=generator, dtype=torch.float64).requires_grad_() for _ in range(2)
+    )
     bias = torch.zeros(1, H, 64, 1000, dtype=torch.float64)
     bias[0, 0, 5] = float("-inf")  # a query that sees no key
     bias.requires_grad_()
