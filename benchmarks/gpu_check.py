@@ -52,6 +52,7 @@ STEPS = {
     "training": (f"{TRAINING} --work-dir {{work}}", 150, True),
     "training-compiled": (f"{TRAINING} --work-dir {{work}} --compile --only-compiled", 150, True),
     "attention": ("python -m benchmarks.attention --device {device} --settings raw --causal causal", 100, False),
+    "attention-clustered": ("python -m benchmarks.attention --device {device} --settings clustered", 90, False),
     "huggingface": ("python -m benchmarks.huggingface --device {device}", 80, False),
 }
 _TRAINING_ON_CUDA = ["--settings", "paper-size", "--fp16", "--rounds", "1", "--updates", "20", "--lines", "3900"]
@@ -63,6 +64,7 @@ SIZE_ARGS = {
         "training": [*_TRAINING_ON_CUDA, "--gen-repeats", "1"],
         "training-compiled": [*_TRAINING_ON_CUDA, "--generate", "none"],
         "attention": ["--tokens", "4096", "16384"],
+        "attention-clustered": ["--tokens", "4096", "16384", "--skip-materialized-above", "4096"],
         "huggingface": ["--rounds", "3"],
     },
     "cpu": {
