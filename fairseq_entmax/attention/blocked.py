@@ -20,6 +20,7 @@ from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.normalizers import AttentionNormalizer, build_normalizer
 from fairseq_entmax.normalizers._common import compute_dtype
 from fairseq_entmax.normalizers.recomputable import TopKRows, recomputable_rows
+from fairseq_entmax.normalizers.topk import gather_chunks
 
 # Score elements of one block: on the CPU small enough that a block and the normalizer's
 # scratch stay within the caches, large enough for the matrix products to run at full speed
@@ -297,7 +298,7 @@ def _kept_keys_backward(spec, q4, k4, v4, grad4, dq, dk, dv, block):
     if dq is None and dk is None:
         return
     g_weights = _gather(v4.view(-1, v4.shape[-1]), rows).mul_(grad).sum(dim=-1)
-    g_scores = g_weights.mul_(weights).addcmul_(weights, g_weights.sum(dim=-1, keepdim=True), value=-1.0)
+    g_scores, _ = spec.rows.backward(weights, g_weights, None, False)
     if dq is not None:
         block_dq = dq[b0:b1, h0:h1, q0:q1]
         kept_keys = _gather(k4.view(-1, k4.shape[-1]), rows)
@@ -320,12 +321,10 @@ def _statistics_of_row_candidates(rows, x, candidate, params):
     if most * SUPPORT_KEYS > MOST_ROW_CANDIDATES * keys:
         return None
     blocks = torch.topk(chosen.to(x.dtype), most, dim=-1, sorted=False)
-    by_block = x[:, : whole_blocks * SUPPORT_KEYS].view(x.shape[0], whole_blocks, SUPPORT_KEYS)
-    gathered = torch.gather(by_block, 1, blocks.indices.unsqueeze(-1).expand(-1, -1, SUPPORT_KEYS))
-    gathered.masked_fill_(blocks.values.unsqueeze(-1) == 0, float("-inf"))  # rows with fewer candidates
-    gathered = gathered.view(x.shape[0], -1)
-    if whole_blocks * SUPPORT_KEYS < keys:
-        gathered = torch.cat([gathered, x[:, whole_blocks * SUPPORT_KEYS :]], dim=-1)
+    gathered = gather_chunks(x, blocks.indices, SUPPORT_KEYS)
+    # A row with fewer candidates fills up with other blocks: left out.
+    padding = (blocks.values == 0).unsqueeze(-1)
+    gathered[:, : most * SUPPORT_KEYS].view(x.shape[0], most, SUPPORT_KEYS).masked_fill_(padding, float("-inf"))
     return rows.forward(gathered, params)[1]
 
 

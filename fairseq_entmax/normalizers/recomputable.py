@@ -292,8 +292,9 @@ class TopKRows:
         if bool(((following == kth) & (kth > float("-inf")) | (m != m) | (m == float("inf"))).any()):
             return None
         values, columns = values[:, :params].contiguous(), columns[:, :params].contiguous()
-        left_out = values == float("-inf")  # of a row with fewer than k visible keys
-        p = values.sub_(m).clamp_min_(_TOPK_EXP_FLOOR).exp_().masked_fill_(left_out, 0.0)
+        # Each of the k is at or above the row's k-th largest: only a -inf (a row with fewer
+        # than k visible keys) is left out.
+        p = _kept_exp(values.sub_(m), float("-inf"))
         return columns, p.mul_(_reciprocal_sum(p, masked))
 
     def backward(self, p, g, params, need_alpha_grad):

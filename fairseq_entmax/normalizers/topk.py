@@ -89,17 +89,27 @@ def largest_entries(x, count):
     if chunk is None:
         return torch.topk(x, count, dim=-1, sorted=True)
     chunks = d // chunk
-    whole = chunks * chunk
-    by_chunk = x[:, :whole].view(rows, chunks, chunk)
-    chosen = torch.topk(by_chunk.amax(dim=-1), count, dim=-1, sorted=False).indices
-    candidates = torch.gather(by_chunk, 1, chosen.unsqueeze(-1).expand(-1, -1, chunk)).view(rows, -1)
-    columns = (chosen.unsqueeze(-1) * chunk + torch.arange(chunk, device=x.device)).view(rows, -1)
-    if whole < d:
-        candidates = torch.cat([candidates, x[:, whole:]], dim=-1)
-        tail = torch.arange(whole, d, device=x.device).expand(rows, -1)
-        columns = torch.cat([columns, tail], dim=-1)
+    maxima = x[:, : chunks * chunk].view(rows, chunks, chunk).amax(dim=-1)
+    chosen = torch.topk(maxima, count, dim=-1, sorted=False).indices
+    candidates = gather_chunks(x, chosen, chunk)
+    # Where each candidate lies: the same chunks of the rows' column numbers.
+    columns = gather_chunks(torch.arange(d, device=x.device).expand(rows, d), chosen, chunk)
     values, where = torch.topk(candidates, count, dim=-1, sorted=True)
     return values, columns.gather(-1, where)
+
+
+def gather_chunks(x, chosen, chunk):
+    """The chunks of `chunk` entries that chosen (m, n) names in each row of the (m, d) block x,
+    one after the other, then the row's tail past its last whole chunk.
+
+    Returns:
+        (m, n * chunk + d % chunk), in x's dtype.
+    """
+    rows, d = x.shape
+    whole = d // chunk * chunk
+    by_chunk = x[:, :whole].view(rows, whole // chunk, chunk)
+    gathered = torch.gather(by_chunk, 1, chosen.unsqueeze(-1).expand(-1, -1, chunk)).view(rows, -1)
+    return torch.cat([gathered, x[:, whole:]], dim=-1) if whole < d else gathered
 
 
 class TopkSoftmaxFunction(torch.autograd.Function):
