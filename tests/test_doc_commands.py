@@ -286,24 +286,38 @@ def _run_block(block, tmp_path, parse):
     return calls, proc.stdout
 
 
+def _run_with_tiny_limits(folder, script, check=None):
+    """Run a bash script in folder with TINY's limits and the console scripts on PATH; it must
+    exit 0, and check(proc), if given, runs before the checkpoints it wrote are removed (the
+    documented architectures' are hundreds of MB). Returns the finished process."""
+    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
+    try:
+        proc = subprocess.run(
+            ["bash", "-c", TINY_SHIMS + script],
+            cwd=folder,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        if check is not None:
+            check(proc)
+        return proc
+    finally:
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+
+
 def _run_on_tiny_data(block, tmp_path, data_bin):
     """Run a TINY block; returns its stdout, with one block of H- lines per translation command."""
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "data-bin").symlink_to(data_bin)
-    environment = dict(os.environ, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
-    try:
-        proc = subprocess.run(
-            ["bash", "-c", TINY_SHIMS + block], cwd=folder, env=environment, capture_output=True, text=True, timeout=600
-        )
-    finally:
-        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
+    return _run_with_tiny_limits(folder, block).stdout
 
 
 def _run_on_trained_models(block, tmp_path, request, how):
-    """Run a Trained block (the module's docstring) and its check, then remove its checkpoints."""
+    """Run a Trained block (the module's docstring) and its check."""
     from helpers import train_tiny
 
     folder = tmp_path / "run"
@@ -317,11 +331,11 @@ def _run_on_trained_models(block, tmp_path, request, how):
         (folder / "data-bin").mkdir(parents=True, exist_ok=True)
         (folder / "data-bin" / name).symlink_to(data_bin)
     for name in [] if how.prelude else re.findall(r"checkpoints/([\w-]+)/checkpoint_best\.pt", block):
-        normalizer = {"alpha": "alpha_entmax"}.get(name.split("-seed")[0], name.split("-seed")[0])
+        prefix, _, seed = name.partition("-seed")
+        normalizer = {"alpha": "alpha_entmax"}.get(prefix, prefix)
         save_dir = folder / "checkpoints" / name
         save_dir.mkdir(parents=True)
         if how.logs:  # validated every 10 updates, into a --log-file the checkpoint records
-            seed = name.split("-seed")[1]
             options = f"--max-update 20 --validate-interval-updates 10 --seed {seed} --log-format simple"
             log = ["--log-file", save_dir / "train.log"]
             train_tiny(data_bin, save_dir, "--attention-normalizer", normalizer, *options.split(), *log)
@@ -329,20 +343,8 @@ def _run_on_trained_models(block, tmp_path, request, how):
         else:
             trained = request.getfixturevalue("trained_model")(normalizer)
             (save_dir / "checkpoint_best.pt").symlink_to(trained.checkpoint)
-    environment = dict(os.environ, **SUBSTITUTIONS, PATH=f"{bin_dir()}{os.pathsep}{os.environ['PATH']}")
-    try:
-        proc = subprocess.run(
-            ["bash", "-c", TINY_SHIMS + (how.prelude or "") + block],
-            cwd=folder,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        how.check(folder, proc.stdout + proc.stderr)
-    finally:  # the documented architecture's checkpoints are hundreds of MB
-        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    script = (how.prelude or "") + block
+    _run_with_tiny_limits(folder, script, lambda proc: how.check(folder, proc.stdout + proc.stderr))
 
 
 def _check_synopsis(block):
