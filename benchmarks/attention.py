@@ -387,6 +387,49 @@ def build_parser():
     return parser
 
 
+def _measure_table(args, setting, tokens, causal, capture, sparsity):
+    """Measures every row of one table, prints it and returns its result dicts."""
+    table_results = []
+    print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
+    print("|---|---|---|---|---|---|")
+    table = [row for row in rows(setting) if row[0] != "materialized" or tokens <= args.skip_materialized_above]
+    # Rounds of every row in turn (A, B, C, A, B, C, ...): a slower minute of the
+    # machine slows each row alike, and the median is kept.
+    measured = {row: [] for row in table}
+    for _ in range(args.rounds):
+        for path, name in table:
+            measured[path, name].append(
+                call_in_fresh_process(
+                    measure,
+                    setting,
+                    path,
+                    name,
+                    tokens,
+                    causal,
+                    args.device,
+                    args.threads,
+                    args.memory_limit,
+                    capture,
+                )
+            )
+    baseline = None
+    for (path, name), passes in measured.items():
+        result = passes[0] if "refused" in passes[0] else _median_pass(passes)
+        table_results.append(dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result))
+        if name in sparsity and path != "sdpa":
+            table_results[-1]["zero_key_blocks"], table_results[-1]["zero_key_blocks_per_head"] = sparsity[name]
+        if "refused" in result:
+            print(f"| {path} | {name} | {result['refused']} | | | |", flush=True)
+            continue
+        baseline = baseline or result
+        print(
+            f"| {path} | {name} | {result['seconds']:.3g} | {result['seconds'] / baseline['seconds']:.2f} "
+            f"| {result['peak_mib']:.0f} | {result['peak_mib'] / baseline['peak_mib']:.2f} |",
+            flush=True,
+        )
+    return table_results
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.memory_limit <= 0:
@@ -436,47 +479,7 @@ def main(argv=None):
                     )
                     for name, (_, heads) in sparsity.items():
                         print(f"  per head, {name}: " + " ".join(f"{value:.2f}" for value in heads))
-                print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
-                print("|---|---|---|---|---|---|")
-                table = [
-                    row for row in rows(setting) if row[0] != "materialized" or tokens <= args.skip_materialized_above
-                ]
-                # Rounds of every row in turn (A, B, C, A, B, C, ...): a slower minute of the
-                # machine slows each row alike, and the median is kept.
-                measured = {row: [] for row in table}
-                for _ in range(args.rounds):
-                    for path, name in table:
-                        measured[path, name].append(
-                            call_in_fresh_process(
-                                measure,
-                                setting,
-                                path,
-                                name,
-                                tokens,
-                                causal,
-                                args.device,
-                                args.threads,
-                                args.memory_limit,
-                                capture,
-                            )
-                        )
-                baseline = None
-                for (path, name), passes in measured.items():
-                    result = passes[0] if "refused" in passes[0] else _median_pass(passes)
-                    results.append(
-                        dict(setting=setting, tokens=tokens, causal=causal, path=path, normalizer=name, **result)
-                    )
-                    if name in sparsity and path != "sdpa":
-                        results[-1]["zero_key_blocks"], results[-1]["zero_key_blocks_per_head"] = sparsity[name]
-                    if "refused" in result:
-                        print(f"| {path} | {name} | {result['refused']} | | | |", flush=True)
-                        continue
-                    baseline = baseline or result
-                    print(
-                        f"| {path} | {name} | {result['seconds']:.3g} | {result['seconds'] / baseline['seconds']:.2f} "
-                        f"| {result['peak_mib']:.0f} | {result['peak_mib'] / baseline['peak_mib']:.2f} |",
-                        flush=True,
-                    )
+                results += _measure_table(args, setting, tokens, causal, capture, sparsity)
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"machine": describe(args.device), "results": results}, out, indent=1)
