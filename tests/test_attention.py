@@ -145,10 +145,10 @@ def test_blocks_of_fewer_heads_equal_the_materialized_path(name, case, specs, mo
         _assert_relatively_close(got, reference, 1e-12, f"gradient of input {index}")
 
 
-def test_learned_alpha_blocks_take_half_the_elements_but_64_queries_of_a_head():
-    """Learned alpha-entmax's search and the alphas' gradient hold twice the scratch of the other
-    maps: its blocks take half of BLOCK_ELEMENTS (2^20 on the CPU), but no fewer than
-    MIN_BLOCK_QUERIES queries of one head, whose products would be slower."""
+def test_entmax_blocks_take_half_the_elements_but_64_queries_of_a_head():
+    """The searches of 1.5-entmax and alpha-entmax hold more scratch than the other maps: their
+    blocks take half of BLOCK_ELEMENTS (2^20 on the CPU), but no fewer than MIN_BLOCK_QUERIES
+    queries of one head, whose products would be slower."""
     from fairseq_entmax.normalizers.recomputable import recomputable_rows
 
     def largest_block(name, tokens):
@@ -156,8 +156,9 @@ def test_learned_alpha_blocks_take_half_the_elements_but_64_queries_of_a_head():
         blocks = blocked._blocks((1, 8, tokens, tokens), 1, 64, None, False, torch.device("cpu"), None, share)
         return max((b1 - b0) * (h1 - h0) * (q1 - q0) * (k1 - k0) for b0, b1, h0, h1, q0, q1, k0, k1 in blocks)
 
-    assert [largest_block(name, 4096) for name in ("sparsemax", "alpha_entmax")] == [2**20, 2**19]
-    assert [largest_block(name, 16384) for name in ("sparsemax", "alpha_entmax")] == [2**20, 2**20]
+    names = ("softmax", "topk", "sparsemax", "entmax15", "alpha_entmax")
+    assert [largest_block(name, 4096) for name in names] == [2**20, 2**20, 2**20, 2**19, 2**19]
+    assert [largest_block(name, 16384) for name in names] == [2**20] * 5
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,9 @@ class SoftmaxRows:
     learns_alpha = False
     # Whether a row's p has zeros worth skipping (blocked attention's support map).
     is_sparse = False
-    # The share of BLOCK_ELEMENTS (blocked attention) its blocks of scores take.
+    # The share of BLOCK_ELEMENTS (blocked attention) its blocks of scores take. 1.5-entmax's
+    # and alpha-entmax's searches hold more scratch: half the elements keep their peak
+    # resident memory within 2x SDPA's at about the same speed (benchmarks/RESULTS.md).
     block_share = 1.0
 
     def block_params(self, scores, first_head):
@@ -143,7 +145,7 @@ class Entmax15Rows:
 
     learns_alpha = False
     is_sparse = True
-    block_share = 1.0
+    block_share = 0.5
 
     def block_params(self, scores, first_head):
         return None
@@ -180,8 +182,6 @@ class AlphaEntmaxRows:
 
     learns_alpha = True
     is_sparse = True
-    # Its search and the alphas' gradient hold twice the scratch of the others: its blocks take
-    # half the elements, within 2x SDPA's memory at the same speed (benchmarks/RESULTS.md).
     block_share = 0.5
 
     def __init__(self, alpha, at_most_two):
