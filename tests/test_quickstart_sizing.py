@@ -1,15 +1,18 @@
 """The quickstart's sizes on a user's own corpus (--data): the documented rule for BPE merges and
 the cap on training updates, the count it is applied to, the patience that stops a model before
-the cap, the plan with its time estimate printed before training, and the sentence under the
-table that says whether the models converged. In process, nothing trained
-(tests/test_quickstart.py runs the script itself)."""
+the cap, the plan with its time estimate printed before training, the projected total once the
+first model is done, and the sentence under the table that says whether the models converged.
+In process, nothing trained (tests/test_quickstart.py runs the script itself)."""
 
 import json
 import re
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from examples.pipeline.runner import call_step, run_steps
 from examples.quickstart import quickstart
 from examples.quickstart.quickstart import (
     CAP_MARGIN,
@@ -25,6 +28,8 @@ from examples.quickstart.quickstart import (
     own_corpus_bpe_merges,
     own_corpus_max_update,
     own_corpus_plan,
+    planned_updates,
+    projected_seconds,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,6 +124,72 @@ def test_the_estimate_is_each_models_updates_at_its_timed_rate():
     # 6,400 x (0.5 + 0.5 + 0.75 + 0.25) = 12,800 s
     assert estimated_seconds(6400, RATES) == pytest.approx(12800.0)
     assert estimated_seconds(6400, {"softmax": 0.5}) == pytest.approx(3200.0)
+
+
+def test_the_projection_scales_the_first_models_measured_cost_by_the_timed_rates():
+    # softmax: 60 s of training for 100 updates timed at 0.5 s: 1.2 s per timed second, and 10 s
+    # to evaluate. topk, 200 updates: 200 x 0.25 x 1.2 + 10 x 0.5 = 65 s; alpha_entmax:
+    # 200 x 0.75 x 1.2 + 10 x 1.5 = 195 s; after the 100 s so far, 360 s in all.
+    done = ("softmax", 100, 60.0, 10.0)
+    assert projected_seconds(100.0, done, RATES, ["topk", "alpha_entmax"], 200) == pytest.approx(360.0)
+    assert projected_seconds(100.0, done, RATES, [], 200) == pytest.approx(100.0)
+    assert projected_seconds(0.0, done, RATES, ["topk"], 200) == pytest.approx(65.0)
+
+
+def test_planned_updates_are_the_typical_stop_or_the_cap(round_passes):
+    size = dict(OWN_CORPUS, max_update=9600)
+    assert planned_updates(size, 434_307, patience=3) == 4300
+    assert planned_updates(size, 434_307, patience=0) == 9600
+    assert planned_updates(dict(size, max_update=50), 434_307, patience=3) == 50
+
+
+def test_the_first_model_done_logs_the_projected_total(tmp_path, monkeypatch, round_passes):
+    """Each model takes 60 s to train 100 updates and 10 s to evaluate on a clock the test
+    moves; the first one done projects the others' time at its cost, once, before the next
+    trains. 1,000 pairs of 4 batch tokens: 20 passes are 39 batches, planned as 100 updates."""
+    clock = [0.0]
+    monkeypatch.setattr(quickstart, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            (corpus / f"{split}.{lang}").write_text("x y z\n" * 1000, encoding="utf-8")
+
+    def dataset_steps(raw_dir, src, tgt, work, bpe_merges, **kwargs):
+        (work / "bpe").mkdir(parents=True)
+        for lang in (src, tgt):
+            (work / "bpe" / f"train.{lang}").write_text("x y z\n" * 1000, encoding="utf-8")
+        return [call_step("# data", lambda: clock.__setitem__(0, clock[0] + 30))], work / "bpe", work / "data-bin"
+
+    def model_steps(data_bin, work, model, settings, references, rows, decoding, selections, **kwargs):
+        def train_and_evaluate():
+            clock[0] += 70
+            rows.append({"model": model.normalizer, "updates": 100, "train_seconds": 60.0})
+
+        return [call_step(f"# {model.normalizer}", train_and_evaluate)]
+
+    def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
+        rates.update({model: RATES[model] for model in models})
+        return []
+
+    logged = []
+    monkeypatch.setattr(quickstart, "dataset_steps", dataset_steps)
+    monkeypatch.setattr(quickstart, "model_steps", model_steps)
+    monkeypatch.setattr(quickstart, "timing_steps", timing_steps)
+    monkeypatch.setattr(quickstart, "analysis_step", lambda *args, **kwargs: call_step("# analysis", lambda: None))
+    monkeypatch.setattr(quickstart, "log", logged.append)
+    options = ["--data", str(corpus), "--src", "de", "--tgt", "en", "--threads", "1", "--max-update", "400"]
+    args = quickstart.parse_args([*options, "--models", "softmax", "topk", "alpha_entmax"])
+    corpus_of = quickstart.Corpus.of(args, tmp_path / "work")
+    corpus_of.counts = {"train": 1000, "valid": 1000, "test": 1000}
+    size = dict(OWN_CORPUS, bpe_merges=1000, max_update=400)
+    run_steps(quickstart.quickstart_steps(args, tmp_path / "work", size, 3, corpus_of, []))
+    [projection] = [line for line in logged if line.startswith("projected total")]
+    # 30 s of data, 70 s of softmax; topk 100 x 0.25 x 1.2 + 10 x 0.5 = 35 s; alpha_entmax
+    # 100 x 0.75 x 1.2 + 10 x 1.5 = 105 s: 240 s in all.
+    assert projection.startswith("projected total: about 4m00s, 1m40s of it done; the 2 model(s) left each near 100")
+    assert "softmax's measured cost (training with validation and checkpoints, 10s to translate" in projection
+    assert logged.index(projection) == 1 + next(i for i, line in enumerate(logged) if line.startswith("softmax [1/3]"))
 
 
 def test_the_timed_rate_leaves_out_the_first_log_line():

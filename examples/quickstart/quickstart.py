@@ -17,8 +17,9 @@ evaluated with its best checkpoint; BPE is sized to the corpus too (own_corpus_b
 plan is printed before training, after the first updates of each normalizer are timed on this
 machine, with an estimate of the training time where the patience typically stops a model and
 at the cap, and a warning when the cap is likely to stop the models before
-they converge; each model's line then gives its own training rate, and the table says per
-model whether it stopped on the patience or at the cap. --max-update and --bpe-merges override
+they converge; each model's line then gives its own training rate, the first model done
+projects the whole run's time from its measured cost, and the table says per model whether it
+stopped on the patience or at the cap. --max-update and --bpe-merges override
 the sizes. The toy pair trains every model for a fixed number of updates.
 """
 
@@ -206,6 +207,30 @@ def estimated_seconds(updates, rates):
     return sum(updates * rate for rate in rates.values())
 
 
+def projected_seconds(elapsed, done, rates, remaining, updates):
+    """The whole run's time, projected once its first model is trained and evaluated: the
+    time so far, then each remaining model at the first one's measured cost, scaled by their
+    timed rates (the analysis comes on top).
+
+    Args:
+        elapsed: seconds since the run started.
+        done: (normalizer, updates, training seconds, evaluation seconds) of the model done;
+            its training seconds include validation and checkpoints.
+        rates: {normalizer: timed seconds per update} (timing_steps).
+        remaining: the normalizers still to train.
+        updates: the updates each of them is expected to train.
+
+    Returns:
+        Seconds.
+    """
+    name, done_updates, train_seconds, evaluation_seconds = done
+    per_timed_second = train_seconds / (done_updates * rates[name])
+    scale = {other: rates[other] / rates[name] for other in remaining}
+    return elapsed + sum(
+        updates * rates[other] * per_timed_second + evaluation_seconds * scale[other] for other in remaining
+    )
+
+
 def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
     """Steps that time each normalizer's first updates on this machine; a rerun skips those of
     the models trained already.
@@ -279,6 +304,13 @@ def training_threads(threads):
     return torch.get_num_threads()
 
 
+def planned_updates(size, training_tokens, patience):
+    """The updates a model is expected to train: where the patience typically stops it, or
+    the cap (size["max_update"]) where that comes first or there is no patience."""
+    cap = size["max_update"]
+    return min(cap, expected_updates(training_tokens, size["max_tokens"])) if patience else cap
+
+
 def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, patience=PATIENCE, threads=1):
     """The lines printed before training on a user's corpus: sizes, the time they take, and a
     warning when the cap is likely to stop the models before they converge.
@@ -319,12 +351,12 @@ def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, pati
     def total(updates):
         return format_seconds(estimated_seconds(updates, rates))
 
-    typical = expected_updates(training_tokens, max_tokens)
+    typical = planned_updates(size, training_tokens, patience)
     stops = (
         f"about {total(typical)} for {len(rates)} model(s) if each stops near {typical} updates "
         f"({PASSES_TO_STOP['typical']:g} passes, where the patience typically stopped the measured models), "
         f"at most {total(cap)} at the cap"
-        if patience and typical < cap
+        if typical < cap
         else f"about {total(cap)} for {len(rates)} model(s), each training to the cap of {cap} updates"
     )
     lines.append(
@@ -593,6 +625,7 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
         Steps.
     """
     own_corpus, sized, cpu = args.data is not None, args.data is not None and not args.tiny, use_cpu()
+    started, projected = time.monotonic(), False
     if not own_corpus:
         yield toy_corpus_step(corpus, size)
     dataset, text_dir, data_bin = dataset_steps(
@@ -618,6 +651,7 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
     decoding, select = Decoding(max_len=(1.5, 10)), "best" if own_corpus else "last"
     for i, normalizer in enumerate(args.models, 1):
         model = Model(normalizer, 1, label=f"{normalizer} [{i}/{len(args.models)}]", threads=args.threads)
+        model_started = time.monotonic()
         yield from model_steps(data_bin, work, model, settings, references, rows, decoding, (select,), cpu=cpu)
         if normalizer in rates and rows and rows[-1]["updates"]:
             row = rows[-1]
@@ -626,7 +660,27 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
                 f"{row['train_seconds'] / row['updates']:.2f} s per update with validation and checkpoints "
                 f"(timed first updates: {rates[normalizer]:.2f})"
             )
+            remaining = [name for name in args.models[i:] if name in rates]
+            if remaining and not projected:
+                projected = True
+                log(projection_line(size, work, corpus, patience, rates, row, remaining, started, model_started))
     yield model_analysis_step(args, work, data_bin, rows, select)
+
+
+def projection_line(size, work, corpus, patience, rates, row, remaining, started, model_started):
+    """The line that projects the run's total once its first model is trained and evaluated
+    (projected_seconds), with what the projection rests on."""
+    now = time.monotonic()
+    evaluation = max(0.0, now - model_started - row["train_seconds"])
+    updates = planned_updates(size, count_training_tokens(work / "bpe", corpus.src, corpus.tgt), patience)
+    done = (row["model"], row["updates"], row["train_seconds"], evaluation)
+    total = projected_seconds(now - started, done, rates, remaining, updates)
+    return (
+        f"projected total: about {format_seconds(total)}, {format_seconds(now - started)} of it done; the "
+        f"{len(remaining)} model(s) left each near {updates} updates at {row['model']}'s measured cost "
+        f"(training with validation and checkpoints, {format_seconds(evaluation)} to translate and score the test "
+        "set), scaled by their timed rates; the analysis comes on top"
+    )
 
 
 def toy_corpus_step(corpus, size):
