@@ -42,6 +42,7 @@ limit (RLIMIT_AS) and its row says so: the materialized path at 16,384 tokens.
     python -m benchmarks.attention --settings short --causal full
     python -m benchmarks.attention --settings captured --text train.en      # a model trained on it
     python -m benchmarks.attention --device cuda                    # on a GPU (memory: CUDA's peak)
+    python -m benchmarks.attention --settings raw --dry-run         # its tables and rows, nothing measured
 """
 
 import argparse
@@ -384,7 +385,28 @@ def build_parser():
         help="captured: where the trained model's captures are kept (default: %(default)s)",
     )
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print each table and its rows after the checks, measure nothing"
+    )
     return parser
+
+
+def _tables(args):
+    """(setting, tokens, causal, title) of each table the command line asks for, in order."""
+    for setting in args.settings:
+        shapes = (
+            [setting in ("llama", "clustered", "captured")]
+            if setting not in ("raw", "short")
+            else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
+        )
+        for tokens in args.tokens or DEFAULT_TOKENS[setting]:
+            for causal in shapes:
+                shape = "one query" if setting == "step" else "causal" if causal else "full"
+                yield setting, tokens, causal, f"{setting}, {tokens:,} tokens, {shape}"
+
+
+def _table_rows(args, setting, tokens):
+    return [row for row in rows(setting) if row[0] != "materialized" or tokens <= args.skip_materialized_above]
 
 
 def _measure_table(args, setting, tokens, causal, capture, sparsity):
@@ -392,7 +414,7 @@ def _measure_table(args, setting, tokens, causal, capture, sparsity):
     table_results = []
     print("| path | normalizer | seconds | / sdpa | peak MiB | / sdpa |")
     print("|---|---|---|---|---|---|")
-    table = [row for row in rows(setting) if row[0] != "materialized" or tokens <= args.skip_materialized_above]
+    table = _table_rows(args, setting, tokens)
     # Rounds of every row in turn (A, B, C, A, B, C, ...): a slower minute of the
     # machine slows each row alike, and the median is kept.
     measured = {row: [] for row in table}
@@ -448,38 +470,33 @@ def main(argv=None):
         return 2
     print(f"machine: {describe(args.device)}")
     print(f"command: python -m benchmarks.attention {' '.join(argv if argv is not None else sys.argv[1:])}")
+    if args.dry_run:
+        for setting, tokens, _, title in _tables(args):
+            measured = ", ".join(f"{path} {name}" for path, name in _table_rows(args, setting, tokens))
+            print(f"{title}: {args.rounds} round(s) of {measured}")
+        return 0
     results = []
-    for setting in args.settings:
-        shapes = (
-            [setting in ("llama", "clustered", "captured")]
-            if setting not in ("raw", "short")
-            else {"both": [True, False], "causal": [True], "full": [False]}[args.causal]
-        )
-        for tokens in args.tokens or DEFAULT_TOKENS[setting]:
-            for causal in shapes:
-                shape = "one query" if setting == "step" else "causal" if causal else "full"
-                print(f"\n{setting}, {tokens:,} tokens, {shape}")
-                sparsity, capture = {}, None
-                if setting == "captured":
-                    capture = args.capture_dir / f"{args.text.stem}-{tokens}.pt"
-                    try:
-                        source, alphas = call_in_fresh_process(_capture, args.text, tokens, capture)
-                    except ValueError as error:
-                        print(f"attention: {error}", file=sys.stderr)
-                        return 2
-                    print(f"captured from a byte model trained on {source}")
-                    print("learned alphas: " + " ".join(f"{alpha:.2f}" for alpha in alphas))
-                if setting in ("clustered", "captured"):
-                    sparsity = {
-                        name: call_in_fresh_process(block_sparsity, name, tokens, args.device, capture)
-                        for name in NORMALIZER_NAMES
-                    }
-                    print(
-                        "zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, (value, _) in sparsity.items())
-                    )
-                    for name, (_, heads) in sparsity.items():
-                        print(f"  per head, {name}: " + " ".join(f"{value:.2f}" for value in heads))
-                results += _measure_table(args, setting, tokens, causal, capture, sparsity)
+    for setting, tokens, causal, title in _tables(args):
+        print(f"\n{title}")
+        sparsity, capture = {}, None
+        if setting == "captured":
+            capture = args.capture_dir / f"{args.text.stem}-{tokens}.pt"
+            try:
+                source, alphas = call_in_fresh_process(_capture, args.text, tokens, capture)
+            except ValueError as error:
+                print(f"attention: {error}", file=sys.stderr)
+                return 2
+            print(f"captured from a byte model trained on {source}")
+            print("learned alphas: " + " ".join(f"{alpha:.2f}" for alpha in alphas))
+        if setting in ("clustered", "captured"):
+            sparsity = {
+                name: call_in_fresh_process(block_sparsity, name, tokens, args.device, capture)
+                for name in NORMALIZER_NAMES
+            }
+            print("zero key blocks: " + ", ".join(f"{name} {value:.2f}" for name, (value, _) in sparsity.items()))
+            for name, (_, heads) in sparsity.items():
+                print(f"  per head, {name}: " + " ".join(f"{value:.2f}" for value in heads))
+        results += _measure_table(args, setting, tokens, causal, capture, sparsity)
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"machine": describe(args.device), "results": results}, out, indent=1)

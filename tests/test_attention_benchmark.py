@@ -91,6 +91,23 @@ def test_rounds_measure_the_rows_in_turn_and_keep_the_medians(tmp_path, monkeypa
     assert attention.main(["--rounds", "0"]) == 2
 
 
+def test_the_dry_run_lists_each_table_and_measures_nothing(monkeypatch, capsys):
+    """--dry-run: after the checks, one line per table with its rounds and rows, the
+    materialized rows left out above --skip-materialized-above; no pass runs."""
+    import benchmarks.attention as attention
+
+    monkeypatch.setattr(attention, "call_in_fresh_process", lambda *args: pytest.fail("a pass ran"))
+    options = ["--settings", "raw", "step", "--tokens", "1024", "4096", "--causal", "causal"]
+    assert attention.main([*options, "--rounds", "2", "--skip-materialized-above", "1024", "--dry-run"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if " round(s) of " in line]
+    titles = ["raw, 1,024 tokens, causal", "raw, 4,096 tokens, causal"]
+    titles += ["step, 1,024 tokens, one query", "step, 4,096 tokens, one query"]
+    assert [line.split(": ")[0] for line in lines] == titles
+    assert lines[0] == titles[0] + ": 2 round(s) of " + ", ".join(f"{path} {name}" for path, name in rows("raw"))
+    assert "materialized" not in lines[1] and "blocked alpha_entmax" in lines[1]
+    assert attention.main(["--rounds", "0", "--dry-run"]) == 2
+
+
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "iwslt16_de_en_sample" / "train.en"
 needs_text = pytest.mark.requires(TEXT.exists(), f"the captured setting trains on {TEXT}, absent here")
 
