@@ -118,6 +118,9 @@ def test_topk_of_long_rows_matches_the_reference(rows, d, k, seed, masked):
     assert torch.equal(values, torch.topk(x, k + 1, dim=-1).values)
     assert torch.equal(x.gather(-1, indices), values)
     assert all(len(set(row)) == k + 1 for row in indices.tolist())
+    unordered, where = largest_entries(x, k + 1, ordered=False)
+    assert torch.equal(unordered.sort(dim=-1, descending=True).values, values)
+    assert torch.equal(x.gather(-1, where), unordered)
 
 
 @SETTINGS

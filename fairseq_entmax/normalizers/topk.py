@@ -49,7 +49,7 @@ def topk_threshold(x, k):
         largest = torch.topk(x, kept, dim=-1, sorted=True).values
         return largest.gather(-1, k - 1)
     if k < d:
-        return largest_entries(x, k)[0].amin(dim=-1, keepdim=True)
+        return largest_entries(x, k, ordered=False)[0].amin(dim=-1, keepdim=True)
     return None
 
 
@@ -73,8 +73,9 @@ def _chunk_length(d, count):
     return None
 
 
-def largest_entries(x, count):
-    """The count largest entries of each row of the (m, d) block x, for count < d.
+def largest_entries(x, count, ordered=True):
+    """The count largest entries of each row of the (m, d) block x, for count < d (ordered:
+    in descending order; otherwise in any order, which saves torch.topk a sort).
 
     A long row is searched in two steps: the maxima of its chunks, then the entries of the
     count chunks with the largest maxima (and the tail). Those hold the row's count largest
@@ -82,19 +83,19 @@ def largest_entries(x, count):
     kept. torch.topk over a whole row costs up to twice as much.
 
     Returns:
-        (values, indices), each (m, count), values in descending order; tied entries in any order.
+        (values, indices), each (m, count); tied entries in any order.
     """
     rows, d = x.shape
     chunk = _chunk_length(d, count)
     if chunk is None:
-        return torch.topk(x, count, dim=-1, sorted=True)
+        return torch.topk(x, count, dim=-1, sorted=ordered)
     chunks = d // chunk
     maxima = x[:, : chunks * chunk].view(rows, chunks, chunk).amax(dim=-1)
     chosen = torch.topk(maxima, count, dim=-1, sorted=False).indices
     candidates = gather_chunks(x, chosen, chunk)
     # Where each candidate lies: the same chunks of the rows' column numbers.
     columns = gather_chunks(torch.arange(d, device=x.device).expand(rows, d), chosen, chunk)
-    values, where = torch.topk(candidates, count, dim=-1, sorted=True)
+    values, where = torch.topk(candidates, count, dim=-1, sorted=ordered)
     return values, columns.gather(-1, where)
 
 
