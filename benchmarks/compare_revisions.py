@@ -127,7 +127,8 @@ def main(argv=None):
     commit, tree_times, ref_times = compare(
         args.ref, args.shapes, args.process_rounds, args.rounds, args.threads, args.clock
     )
-    print(f"working tree ({git('rev-parse', '--short', 'HEAD')} + changes) against {commit[:9]} ({args.ref})")
+    changed = " + changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    print(f"working tree ({git('rev-parse', '--short', 'HEAD')}{changed}) against {commit[:9]} ({args.ref})")
     print(
         f"forward+backward, float32, early-exit path, {args.threads} threads, {args.clock} time; median of "
         f"{args.rounds} rounds per process, {args.process_rounds} processes per side, alternating; "

@@ -35,6 +35,13 @@ def test_both_sides_alternate_and_every_normalizer_gets_a_ratio():
     order = re.findall(r"^round (\d)/2: (.+)$", proc.stderr, re.MULTILINE)
     # The order alternates, so that a drift of the machine falls on both sides alike.
     assert order == [("1", "working tree"), ("1", head), ("2", head), ("2", "working tree")]
+
+    # The header names the commit under the working tree, and says whether tracked files differ.
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPOSITORY).stdout.strip()
+
+    changes = " + changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    assert f"working tree ({git('rev-parse', '--short', 'HEAD')}{changes}) against {head} (HEAD)" in proc.stdout
     rows = [line.split(" | ") for line in proc.stdout.splitlines() if line.startswith("| 16x4x32 |")]
     assert [row[1].split(" (")[0] for row in rows] == NORMALIZERS
     for row in rows:
