@@ -182,7 +182,9 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
         "--work-dir",
         work,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # PYTHONFAULTHANDLER: a run that outlives its Ctrl-C is stopped with SIGABRT, which prints
+    # where each of its threads was.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     # Ctrl-C works as in a terminal even when this suite runs as a background job, whose
     # shell started it with SIGINT ignored (an ignored signal is inherited across exec).
     proc = subprocess.Popen(
@@ -206,7 +208,12 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
         time.sleep(0.2)
     assert "Saved checkpoint" in train_log_path.read_text(), "no checkpoint was written before the interrupt"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
-    proc.communicate(timeout=120)
+    try:
+        proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        output, _ = proc.communicate(timeout=60)
+        pytest.fail(f"the run went on for 120 s after Ctrl-C; the end of its output:\n{output[-6000:]}")
     assert not (work / "models" / "softmax-seed1" / "train.done").exists(), "training finished before the interrupt"
     data_bin_stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
 
