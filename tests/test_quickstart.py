@@ -164,24 +164,8 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     # The interrupt comes at the first checkpoint, a few updates in: the cap leaves seconds of
     # training after it.
     cap = 150
-    command = [
-        *QUICKSTART,
-        "--tiny",
-        "--data",
-        corpus,
-        "--src",
-        "src",
-        "--tgt",
-        "tgt",
-        "--models",
-        "softmax",
-        "--max-update",
-        str(cap),
-        "--patience",
-        "0",
-        "--work-dir",
-        work,
-    ]
+    options = ["--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt", "--models", "softmax"]
+    command = [*QUICKSTART, *options, "--max-update", str(cap), "--patience", "0", "--work-dir", work]
     # PYTHONFAULTHANDLER: a run that outlives its Ctrl-C is stopped with SIGABRT, which prints
     # where each of its threads was.
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
