@@ -632,14 +632,20 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
         corpus.raw_dir, corpus.src, corpus.tgt, work, size["bpe_merges"], tokenize=own_corpus, clean=None
     )
     yield from dataset
+
+    # The cap, the plan and the projection read the BPE-segmented corpus once, after it is made.
+    @functools.cache
+    def training_tokens():
+        return count_training_tokens(work / "bpe", corpus.src, corpus.tgt)
+
     if sized:
         if "max_update" not in size:
-            size["max_update"] = own_corpus_max_update(count_training_tokens(work / "bpe", corpus.src, corpus.tgt))
+            size["max_update"] = own_corpus_max_update(training_tokens())
         size["warmup"] = min(size["warmup"], size["max_update"] // 4)
     settings, rates = train_settings(args, size, patience), {}
     if sized:
         yield from timing_steps(data_bin, work, settings, args.models, args.threads, cpu, rates)
-        yield plan_step(args, work, size, patience, corpus, rates)
+        yield plan_step(args, size, patience, corpus, rates, training_tokens)
 
     @functools.cache
     def references():
@@ -663,16 +669,16 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
             remaining = [name for name in args.models[i:] if name in rates]
             if remaining and not projected:
                 projected = True
-                log(projection_line(size, work, corpus, patience, rates, row, remaining, started, model_started))
+                updates = planned_updates(size, training_tokens(), patience)
+                log(projection_line(rates, row, remaining, updates, started, model_started))
     yield model_analysis_step(args, work, data_bin, rows, select)
 
 
-def projection_line(size, work, corpus, patience, rates, row, remaining, started, model_started):
+def projection_line(rates, row, remaining, updates, started, model_started):
     """The line that projects the run's total once its first model is trained and evaluated
-    (projected_seconds), with what the projection rests on."""
+    (projected_seconds, each model left training `updates`), with what the projection rests on."""
     now = time.monotonic()
     evaluation = max(0.0, now - model_started - row["train_seconds"])
-    updates = planned_updates(size, count_training_tokens(work / "bpe", corpus.src, corpus.tgt), patience)
     done = (row["model"], row["updates"], row["train_seconds"], evaluation)
     total = projected_seconds(now - started, done, rates, remaining, updates)
     return (
@@ -699,11 +705,12 @@ def toy_corpus_step(corpus, size):
     return call_step(line, write, skip=lambda: is_done(marker))
 
 
-def plan_step(args, work, size, patience, corpus, rates):
-    """The step that prints the plan and the estimate from the timed rates (own_corpus_plan)."""
+def plan_step(args, size, patience, corpus, rates, training_tokens):
+    """The step that prints the plan and the estimate from the timed rates (own_corpus_plan);
+    training_tokens() gives what a pass over the training data costs."""
 
     def show_plan():
-        tokens, threads = count_training_tokens(work / "bpe", corpus.src, corpus.tgt), training_threads(args.threads)
+        tokens, threads = training_tokens(), training_threads(args.threads)
         for line in own_corpus_plan(size, corpus.counts, tokens, rates, bool(args.max_update), patience, threads):
             log(line)
 
