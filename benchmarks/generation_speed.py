@@ -1,5 +1,5 @@
 """Translation speed of trained models side by side: fairseq-generate's sentences/s on real
-data, with the command the evaluation runs (examples/pipeline/evaluation.py: beam 5, batches
+data, with the command the evaluation runs (fairseq_entmax/pipeline/evaluation.py: beam 5, batches
 of at most 8000 tokens, BPE removed).
 
 Zhao et al. (2019) report top-k attention translating twice as fast as sparsemax. This
@@ -64,7 +64,7 @@ def translate(data_bin, checkpoint, subset, out_dir, beam, lenpen, device, fp16)
     Returns:
         (sentences, output tokens, seconds), as fairseq reports them.
     """
-    # The evaluation's settings (examples.pipeline.evaluation): every sentence, batches of 8000 tokens.
+    # The evaluation's settings (fairseq_entmax.pipeline.evaluation): every sentence, batches of 8000 tokens.
     command = [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--path"]
     command += [checkpoint, "--gen-subset", subset, "--beam", beam, "--lenpen", lenpen, "--max-tokens", 8000]
     command += ["--remove-bpe", "--results-path", out_dir] + (["--cpu"] if device == "cpu" else [])

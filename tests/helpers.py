@@ -15,8 +15,8 @@ import re
 import shlex
 from pathlib import Path
 
-from examples.pipeline.tools import Finished, run_logged, tool
 from fairseq_entmax import USER_DIR  # the tests import it from here too
+from fairseq_entmax.pipeline.tools import Finished, run_logged, tool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ OPTIMIZATION_ARGS = arguments(
 # The languages of write_tiny_corpus, for the commands that need them named.
 TINY_LANGUAGES = arguments("--source-lang src --target-lang tgt")
 # No data-loader process in the commands that load a checkpoint (run_on_checkpoint), as the
-# drivers pass on the CPU (examples/pipeline/training.py's CPU_ARGS): in a command run in this
+# drivers pass on the CPU (fairseq_entmax/pipeline/training.py's CPU_ARGS): in a command run in this
 # process its shutdown waits out its 5 s timeout, which was most of a tiny fairseq-generate.
 NO_LOADER_PROCESS = arguments("--num-workers 0")
 # --num-workers 0: the tiny corpus' epochs are a few updates each, and fairseq's loader process
@@ -78,7 +78,7 @@ def fairseq_command(name):
 
 
 def run(args, check=True, timeout=None, cwd=None, env=None, input=None, process=False):
-    """Run a command through the project's one runner (examples.pipeline.tools.run_logged), its
+    """Run a command through the project's one runner (fairseq_entmax.pipeline.tools.run_logged), its
     output captured, with one CPU thread (the suite's commands share the machine's cores).
 
     fairseq's console scripts run in this process, as run_logged runs them, unless `process`

@@ -215,8 +215,8 @@ def test_hub_interface_refuses_payload_checkpoint(payload):
 
 
 def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, tmp_path, monkeypatch):
-    from examples.pipeline import checkpoints
-    from examples.pipeline.tools import PipelineError
+    from fairseq_entmax.pipeline import checkpoints
+    from fairseq_entmax.pipeline.tools import PipelineError
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     model = trained_model("softmax")
@@ -236,7 +236,7 @@ def test_recipe_checkpoint_averaging_refuses_payload_checkpoint(trained_model, t
 def test_a_recipe_stage_ends_a_refused_checkpoint_with_its_line(tmp_path):
     """The examples run fairseq's commands through run_logged: a command that refused a
     checkpoint becomes the PipelineError of its refusal line (exit status 2), not a failed tool."""
-    from examples.pipeline.tools import PipelineError, ToolError, run_logged
+    from fairseq_entmax.pipeline.tools import PipelineError, ToolError, run_logged
 
     refusal = "Refusing to load checkpoint ckpt.pt: it contains a pickled posix.system, which is not ..."
     printing = [

@@ -1,4 +1,4 @@
-"""examples.pipeline.tools.run_logged runs fairseq's console scripts in its own process: the
+"""fairseq_entmax.pipeline.tools.run_logged runs fairseq's console scripts in its own process: the
 command's output, exit status and messages are those of the script run as a process, and each
 command starts from fairseq's state of a fresh process."""
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from examples.pipeline.tools import run_logged
+from fairseq_entmax.pipeline.tools import run_logged
 from helpers import USER_DIR, fairseq_command, read_hypotheses, run, run_on_model, train_tiny
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fairseq_plugin")]

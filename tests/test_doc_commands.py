@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.pipeline.tools import bin_dir
+from fairseq_entmax.pipeline.tools import bin_dir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from examples.pipeline.tables import format_seconds
 from examples.quickstart.toy_language import ToyLanguagePair, write_toy_corpus
 from fairseq_entmax.names import ATTENTION_TYPES
+from fairseq_entmax.pipeline.tables import format_seconds
 from helpers import assert_run_executed_its_dry_run, run, write_tiny_corpus
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from examples.pipeline.runner import call_step, run_steps
 from examples.quickstart import quickstart
 from examples.quickstart.quickstart import (
     CAP_MARGIN,
@@ -31,6 +30,7 @@ from examples.quickstart.quickstart import (
     planned_updates,
     projected_seconds,
 )
+from fairseq_entmax.pipeline.runner import call_step, run_steps
 
 REPO = Path(__file__).resolve().parents[1]
 

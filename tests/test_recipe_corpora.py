@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from examples.pipeline.corpus import check_parallel_corpus, read_lines
-from examples.pipeline.tokenization import scoring_tokenize
-from examples.pipeline.tools import PipelineError
 from examples.translation import corpora
+from fairseq_entmax.pipeline.corpus import check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.tokenization import scoring_tokenize
+from fairseq_entmax.pipeline.tools import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from examples.pipeline import (
+from examples.translation import selection, tasks
+from fairseq_entmax.pipeline import (
     attention_analysis,
     checkpoints,
     corpus,
@@ -27,7 +28,6 @@ from examples.pipeline import (
     tools,
     training,
 )
-from examples.translation import selection, tasks
 from helpers import assert_run_executed_its_dry_run, run, run_main
 
 # Every test here trains through fairseq-train or runs a fairseq command, a recipe or the quickstart.

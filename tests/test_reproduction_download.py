@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.pipeline.tools import PipelineError
 from examples.reproduction import multi30k
+from fairseq_entmax.pipeline.tools import PipelineError
 from helpers import run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,11 +22,11 @@ import json
 import sys
 from pathlib import Path
 
-from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
-from examples.pipeline.tables import format_seconds
-from examples.pipeline.tools import PipelineError, log, recording_commands, run_logged, run_reporting_errors
 from examples.quickstart.quickstart import NORMALIZERS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.runner import call_step, command_step, dry_run, run_steps
+from fairseq_entmax.pipeline.tables import format_seconds
+from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_logged, run_reporting_errors
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_UPDATE = 20000

@@ -32,14 +32,15 @@ import sys
 import time
 from pathlib import Path
 
-from examples.pipeline.attention_analysis import analysis_step
-from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import dataset_steps
-from examples.pipeline.evaluation import Decoding, Model, References, model_steps
-from examples.pipeline.markers import is_done, mark_done
-from examples.pipeline.runner import call_step, command_step, dry_run, run_steps
-from examples.pipeline.tables import format_seconds, format_table
-from examples.pipeline.tools import (
+from examples.quickstart.toy_language import write_toy_corpus
+from fairseq_entmax.pipeline.attention_analysis import analysis_step
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.dataset import dataset_steps
+from fairseq_entmax.pipeline.evaluation import Decoding, Model, References, model_steps
+from fairseq_entmax.pipeline.markers import is_done, mark_done
+from fairseq_entmax.pipeline.runner import call_step, command_step, dry_run, run_steps
+from fairseq_entmax.pipeline.tables import format_seconds, format_table
+from fairseq_entmax.pipeline.tools import (
     PipelineError,
     log,
     recording_commands,
@@ -47,8 +48,7 @@ from examples.pipeline.tools import (
     run_reporting_errors,
     use_cpu,
 )
-from examples.pipeline.training import TrainSettings, model_size_args, train_command
-from examples.quickstart.toy_language import write_toy_corpus
+from fairseq_entmax.pipeline.training import TrainSettings, model_size_args, train_command
 
 REPO = Path(__file__).resolve().parents[2]
 

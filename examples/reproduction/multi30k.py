@@ -13,7 +13,7 @@ import shutil
 import urllib.request
 from pathlib import Path
 
-from examples.pipeline.tools import PipelineError, log
+from fairseq_entmax.pipeline.tools import PipelineError, log
 
 OFFICIAL_SOURCE = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 DEFAULT_CACHE = Path.home() / ".cache" / "fairseq-entmax" / "multi30k"

@@ -29,18 +29,18 @@ from pathlib import Path
 
 from scipy.stats import t as student_t
 
-from examples.pipeline.attention_analysis import analysis_step
-from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import dataset_steps
-from examples.pipeline.evaluation import Decoding, Model, References, model_steps
-from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.runner import call_step, dry_run, run_steps
-from examples.pipeline.tables import format_seconds, format_table
-from examples.pipeline.tokenization import detokenize_lines
-from examples.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
-from examples.pipeline.training import TrainSettings, model_size_args
 from examples.reproduction import multi30k
 from fairseq_entmax.names import NORMALIZER_NAMES
+from fairseq_entmax.pipeline.attention_analysis import analysis_step
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.dataset import dataset_steps
+from fairseq_entmax.pipeline.evaluation import Decoding, Model, References, model_steps
+from fairseq_entmax.pipeline.markers import done_with, mark_done
+from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
+from fairseq_entmax.pipeline.tables import format_seconds, format_table
+from fairseq_entmax.pipeline.tokenization import detokenize_lines
+from fairseq_entmax.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
+from fairseq_entmax.pipeline.training import TrainSettings, model_size_args
 
 REPO = Path(__file__).resolve().parents[2]
 SRC, TGT = "de", "en"
@@ -612,7 +612,7 @@ def heads_table(by_normalizer):
 
     Args:
         by_normalizer: {normalizer: its result rows}, with the analysis's density, js and
-            specialised_heads (examples.pipeline.attention_analysis.analyze).
+            specialised_heads (fairseq_entmax.pipeline.attention_analysis.analyze).
 
     Returns:
         The Markdown lines; empty when no row has an analysis.

@@ -18,10 +18,10 @@ import zipfile
 from functools import cache
 from pathlib import Path
 
-from examples.pipeline.bpe import clean_training_pair
-from examples.pipeline.corpus import read_lines
-from examples.pipeline.tokenization import scoring_tokenize
-from examples.pipeline.tools import PipelineError, log
+from fairseq_entmax.pipeline.bpe import clean_training_pair
+from fairseq_entmax.pipeline.corpus import read_lines
+from fairseq_entmax.pipeline.tokenization import scoring_tokenize
+from fairseq_entmax.pipeline.tools import PipelineError, log
 
 # Tasks whose prepared train/valid/test text is already tokenised by the corpus' authors (KFTT's
 # data/tok: Japanese segmented with KyTea, English tokenised too): the recipe must not tokenise

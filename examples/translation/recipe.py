@@ -38,17 +38,17 @@ import sys
 import time
 from pathlib import Path
 
-from examples.pipeline.attention_analysis import analysis_step
-from examples.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
-from examples.pipeline.dataset import dataset_steps
-from examples.pipeline.evaluation import Model
-from examples.pipeline.markers import done_with, mark_done
-from examples.pipeline.runner import call_step, dry_run, run_steps
-from examples.pipeline.tables import format_seconds
-from examples.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 from examples.translation.corpora import download
 from examples.translation.tasks import SMOKE_BPE_MERGES, TASKS, batch_shape, experiment_of, tokenized_bleu_note
 from fairseq_entmax.names import NORMALIZER_NAMES
+from fairseq_entmax.pipeline.attention_analysis import analysis_step
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.dataset import dataset_steps
+from fairseq_entmax.pipeline.evaluation import Model
+from fairseq_entmax.pipeline.markers import done_with, mark_done
+from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
+from fairseq_entmax.pipeline.tables import format_seconds
+from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"

@@ -13,14 +13,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.pipeline.checkpoints import average_checkpoints
-from examples.pipeline.corpus import read_lines
-from examples.pipeline.evaluation import References, Translation, model_steps
-from examples.pipeline.runner import call_step, command_step
-from examples.pipeline.tables import format_table
-from examples.pipeline.tokenization import detokenize_lines
-from examples.pipeline.tools import PipelineError, ToolError, log
-from examples.pipeline.training import trained_seconds, training_step
+from fairseq_entmax.pipeline.checkpoints import average_checkpoints
+from fairseq_entmax.pipeline.corpus import read_lines
+from fairseq_entmax.pipeline.evaluation import References, Translation, model_steps
+from fairseq_entmax.pipeline.runner import call_step, command_step
+from fairseq_entmax.pipeline.tables import format_table
+from fairseq_entmax.pipeline.tokenization import detokenize_lines
+from fairseq_entmax.pipeline.tools import PipelineError, ToolError, log
+from fairseq_entmax.pipeline.training import trained_seconds, training_step
 
 # The selected average, a symbolic link in the model's folder: the test set is translated with it.
 SELECTED = "checkpoint_selected.pt"

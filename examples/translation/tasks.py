@@ -15,9 +15,6 @@ tests/test_recipes.py fails when the page and this module disagree.
 
 from dataclasses import dataclass, field
 
-from examples.pipeline.evaluation import Decoding
-from examples.pipeline.tools import PipelineError
-from examples.pipeline.training import TrainSettings
 from examples.translation.corpora import (
     IWSLT14_CLEAN,
     IWSLT14_TEST_SETS,
@@ -32,6 +29,9 @@ from examples.translation.corpora import (
     write_smoke_data,
 )
 from examples.translation.selection import BestCheckpoint, EpochAverages
+from fairseq_entmax.pipeline.evaluation import Decoding
+from fairseq_entmax.pipeline.tools import PipelineError
+from fairseq_entmax.pipeline.training import TrainSettings
 
 PAPER = "paper, section 4"
 CODE = "authors' code"
@@ -284,7 +284,7 @@ EST_DEPARTURES = [
     ),
     (
         "Decoding batches of at most 8000 tokens instead of `--batch-size 128`.",
-        "The project's fairseq-generate command (examples/pipeline/evaluation.py); beam search gives the same "
+        "The project's fairseq-generate command (fairseq_entmax/pipeline/evaluation.py); beam search gives the same "
         "translations up to floating-point rounding.",
     ),
     (

@@ -12,7 +12,7 @@ def format_table(rows, bleu_tok=False, training=False):
         rows: one dict per model, with model, bleu, chrf, bleu_tok (with `bleu_tok`),
             train_seconds, and from the analysis density ({type: mean fraction}) and alpha
             ({type: (mean, min, max)}), either of which may be missing; with `training`, what
-            examples.pipeline.training.training_summary read (updates, best_update,
+            fairseq_entmax.pipeline.training.training_summary read (updates, best_update,
             stopped_early).
         bleu_tok: whether to show the tokenized BLEU column.
         training: whether to show how training went: the updates (and the best one's) and

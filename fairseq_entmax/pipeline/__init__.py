@@ -17,10 +17,7 @@ is a thin layer over the tool that does the work:
   running the tools, with the errors the scripts report (exit status 2 for a problem the user
   can fix, 1 for a failing tool)
 
-The library (fairseq_entmax) knows nothing of this package: the stages reach it through
-fairseq's --user-dir and the fairseq-entmax-analyze command, and import it only for the
---user-dir path and the safe checkpoint loader.
-
-The scripts run as modules from the repository root (`python -m examples.quickstart.quickstart`),
-and the tests import `examples.pipeline...` with the root on pytest's pythonpath.
+The rest of the package knows nothing of this one: the stages reach the plugin through
+fairseq's --user-dir and the fairseq-entmax-analyze command. Their tools (sacrebleu, sacremoses,
+subword-nmt) are the `examples` extra, imported where a stage needs them.
 """
