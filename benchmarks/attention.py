@@ -88,12 +88,12 @@ def _rss_mib():
 
 
 def clustered_inputs(tokens, device="cpu"):
-    """(query, key, value) of batch 1, HEADS heads, head dim 64, whose causal scores follow what
-    trained sparse heads attend to. 60 dims encode positions with 30 frequencies from pi to
-    pi / tokens (as rotary embeddings do), so that head h's query i scores key j by the sum of
-    cos(frequency * (i - h % 4 - j)): highest at h % 4 tokens back, falling with the distance;
-    one dim gives keys 0-3 a score 0.5 below that peak, seen from every query; 3 dims of small
-    noise. Values are N(0, 1)."""
+    """(query, key, value) of batch 1, HEADS heads, head dim 64, whose causal scores follow what trained sparse
+    heads attend to. 60 dims encode positions with 30 frequencies from pi to pi / tokens (as rotary embeddings
+    do), so that head h's query i scores key j by the sum of cos(frequency * (i - h % 4 - j)): highest at h %
+    4 tokens back, falling with the distance; one dim gives keys 0-3 a score 0.5 below that peak, seen from
+    every query; 3 dims of small noise. Values are N(0, 1).
+    """
     import math
 
     import torch
@@ -117,14 +117,16 @@ def clustered_inputs(tokens, device="cpu"):
 
 
 def _clustered_options(normalizer_name):
-    """On clustered inputs every head of learned alpha-entmax starts at alpha 1.5: a random start
-    puts some heads next to softmax, whose weights then reach every key block."""
+    """On clustered inputs every head of learned alpha-entmax starts at alpha 1.5: a random start puts some heads
+    next to softmax, whose weights then reach every key block.
+    """
     return {"alpha_init": 1.5} if normalizer_name == "alpha_entmax" else {}
 
 
 def _patterned_inputs(normalizer_name, tokens, device, capture=None):
     """The clustered setting's query, key and value (capture None) or those of a capture file
-    (captured_attention.capture), with the normalizer module built for them."""
+    (captured_attention.capture), with the normalizer module built for them.
+    """
     import torch
 
     from fairseq_entmax.normalizers import build_normalizer
@@ -142,12 +144,11 @@ def _patterned_inputs(normalizer_name, tokens, device, capture=None):
 
 
 def block_sparsity(normalizer_name, tokens, device="cpu", capture=None):
-    """The fraction of the causally visible (SPARSITY_QUERIES queries, SUPPORT_KEYS keys) blocks
-    of the clustered inputs (or of a capture file's) in which the normalizer gives 0 weight.
+    """The fraction of the causally visible (SPARSITY_QUERIES queries, SUPPORT_KEYS keys) blocks of the clustered
+    inputs (or of a capture file's) in which the normalizer gives 0 weight.
 
-    Returns:
-        (the fraction where every head's weights are 0, which a block of every head skips; the
-        fraction of each head, a list: what a block of one head skips, as at long context).
+    Returns: (the fraction where every head's weights are 0, which a block of every head skips; the fraction
+    of each head, a list: what a block of one head skips, as at long context).
     """
     import torch
 
@@ -288,9 +289,7 @@ def _llama_pass(path, normalizer_name, tokens, causal, device):
 def measure(setting, path, normalizer_name, tokens, causal, device, threads, memory_limit_gib, capture=None):
     """One pass in this (fresh) process (capture: the captured setting's file).
 
-    Returns:
-        {"seconds": float, "peak_mib": float} or {"refused": message} where the memory limit
-        stopped it.
+    Returns: {"seconds": float, "peak_mib": float} or {"refused": message} where the memory limit stopped it.
     """
     import torch
 

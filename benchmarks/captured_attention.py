@@ -21,8 +21,9 @@ HELD_OUT = 0.1  # the text's last tenth, from which the captured window comes
 
 
 def _rotate(x):
-    """Rotary positions (Su et al. 2021) on (batch, heads, tokens, dim): a score then depends on
-    the distance between query and key, so that a model trained on CONTEXT bytes runs on more."""
+    """Rotary positions (Su et al. 2021) on (batch, heads, tokens, dim): a score then depends on the distance
+    between query and key, so that a model trained on CONTEXT bytes runs on more.
+    """
     import torch
 
     half = x.shape[-1] // 2
@@ -102,23 +103,15 @@ def _train(model, data, log):
 
 
 def capture(text, tokens, path, log=print):
-    """Train the byte model on `text` and capture its attention inputs on `tokens` held-out bytes,
-    or read them from `path` where an earlier call saved them for the same text and length. The
-    trained model is kept beside, as <text's stem>.model.pt, for the captures of other lengths.
+    """Train the byte model on `text` and capture its attention inputs on `tokens` held-out bytes, or read them
+    from `path` where an earlier call saved them for the same text and length. The trained model is kept
+    beside, as <text's stem>.model.pt, for the captures of other lengths.
 
-    Args:
-        text: a UTF-8 text file (at least ten times `tokens` bytes).
-        tokens: the captured window's length.
-        path: the capture's file (a torch file, written once).
-        log: progress, a line at a time.
-
-    Returns:
-        {"query", "key", "value": (1, LAYERS * HEADS, tokens, 64) float32 tensors, "alpha_logit"
-        and "alpha": the heads' learned alphas, (LAYERS * HEADS,), "source": what was trained on
-        what}.
-
-    Raises:
-        ValueError: a text too short for the window, saying how long it must be.
+    Args: text: a UTF-8 text file (at least ten times `tokens` bytes); tokens: the captured window's length;
+    path: the capture's file (a torch file, written once); log: progress, a line at a time.
+    Returns: {"query", "key", "value": (1, LAYERS * HEADS, tokens, 64) float32 tensors, "alpha_logit" and
+    "alpha": the heads' learned alphas, (LAYERS * HEADS,), "source": what was trained on what}.
+    Raises ValueError: a text too short for the window, saying how long it must be.
     """
     import torch
 

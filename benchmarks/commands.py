@@ -27,10 +27,8 @@ class CheckpointRefused(RuntimeError):
 class Finished:
     """A command that ran to its end.
 
-    Attributes:
-        args: the command and its arguments.
-        output: what it wrote to stdout and stderr, interleaved.
-        peak_rss_mib: the peak resident set size of its process, MiB.
+    Attributes: args: the command and its arguments; output: what it wrote to stdout and stderr, interleaved;
+    peak_rss_mib: the peak resident set size of its process, MiB.
     """
 
     args: list
@@ -41,16 +39,10 @@ class Finished:
 def run(args, log_path=None):
     """Run a command to its end, its output appended to a log file.
 
-    Args:
-        args: the command and its arguments (str() each).
-        log_path: the log file, or None.
-
-    Returns:
-        Finished.
-
-    Raises:
-        CheckpointRefused: it refused a checkpoint that could run code.
-        CommandFailed: it exited with a non-zero status otherwise.
+    Args: args: the command and its arguments (str() each); log_path: the log file, or None.
+    Returns: Finished.
+    Raises CheckpointRefused: it refused a checkpoint that could run code; CommandFailed: it exited with a
+    non-zero status otherwise.
     """
     args = [str(a) for a in args]
     proc = subprocess.Popen(
@@ -80,11 +72,10 @@ def run(args, log_path=None):
 
 
 def exit_status(main):
-    """A benchmark's exit status: main's own (0 when it returns None); 2 after a refused
-    checkpoint, as the command itself exits; 1 after a failed command. The message goes to stderr.
+    """A benchmark's exit status: main's own (0 when it returns None); 2 after a refused checkpoint, as the
+    command itself exits; 1 after a failed command. The message goes to stderr.
 
-    Args:
-        main: the benchmark, a function of no arguments.
+    Args: main: the benchmark, a function of no arguments.
     """
     try:
         return main() or 0
@@ -97,17 +88,13 @@ def exit_status(main):
 
 
 def run_measurement(program, measurements, argv=None):
-    """One measurement of a benchmark program, `python -m benchmarks.PROGRAM NAME [options]`: the
-    module of NAME parses the options, under that prog name.
+    """One measurement of a benchmark program, `python -m benchmarks.PROGRAM NAME [options]`: the module of NAME
+    parses the options, under that prog name.
 
-    Args:
-        program: the program's module name under benchmarks/.
-        measurements: {NAME: (module under benchmarks/, what it measures)}.
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        The exit status (exit_status's); 2 with the list of measurements for an unknown NAME, 0
-        for --help.
+    Args: program: the program's module name under benchmarks/; measurements: {NAME: (module under
+    benchmarks/, what it measures)}; argv: the arguments (default: sys.argv[1:]).
+    Returns: The exit status (exit_status's); 2 with the list of measurements for an unknown NAME, 0 for
+    --help.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in measurements:

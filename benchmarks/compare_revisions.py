@@ -32,19 +32,11 @@ DEFAULT_SHAPES = ["128x128x128", "32x512x512"]
 def run_benchmark(package_root, shapes, rounds, threads, clock, output):
     """One fresh process of the normalizer benchmark importing fairseq_entmax from package_root.
 
-    Args:
-        package_root: the folder that holds the fairseq_entmax package to measure.
-        shapes: shape strings, e.g. "128x128x128".
-        rounds: timed rounds inside the process.
-        threads: torch's CPU threads.
-        clock: "wall" or "cpu" (normalizers.py --clock).
-        output: the JSON file the benchmark writes.
-
-    Returns:
-        {(shape, normalizer): our median milliseconds}.
-
-    Raises:
-        SystemExit: the process failed or imported fairseq_entmax from elsewhere.
+    Args: package_root: the folder that holds the fairseq_entmax package to measure; shapes: shape strings,
+    e.g. "128x128x128"; rounds: timed rounds inside the process; threads: torch's CPU threads; clock: "wall"
+    or "cpu" (normalizers.py --clock); output: the JSON file the benchmark writes.
+    Returns: {(shape, normalizer): our median milliseconds}.
+    Raises SystemExit: the process failed or imported fairseq_entmax from elsewhere.
     """
     # Run from package_root: `python -c` and `-m` put the current folder before PYTHONPATH.
     # REPOSITORY after it: this tree's benchmarks package, which REF's export does not hold.
@@ -70,9 +62,8 @@ def run_benchmark(package_root, shapes, rounds, threads, clock, output):
 def compare(ref, shapes, process_rounds, rounds, threads, clock):
     """Alternate the working tree's and REF's benchmark processes over process_rounds.
 
-    Returns:
-        (commit, tree_times, ref_times): REF's commit and, for each, {(shape, normalizer):
-        [median milliseconds of each round]}.
+    Returns: (commit, tree_times, ref_times): REF's commit and, for each, {(shape, normalizer): [median
+    milliseconds of each round]}.
     """
     tree_times, ref_times = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-compare-") as scratch:
@@ -92,9 +83,8 @@ def compare(ref, shapes, process_rounds, rounds, threads, clock):
 def ratio_rows(tree_times, ref_times):
     """Per (shape, normalizer): medians and the per-round ratios tree / REF.
 
-    Returns:
-        A list of (shape, normalizer, tree median ms, REF median ms, median ratio, min ratio,
-        max ratio), in the benchmark's order.
+    Returns: A list of (shape, normalizer, tree median ms, REF median ms, median ratio, min ratio, max ratio),
+    in the benchmark's order.
     """
     rows = []
     for key, tree in tree_times.items():

@@ -60,16 +60,10 @@ def generate_command(data_bin, checkpoint, length, device):
 def measure(data_bin, checkpoint, length, device):
     """Run fairseq-generate in this process with every normalizer call timed.
 
-    Args:
-        data_bin: the data-bin, with a test split.
-        checkpoint: the model's checkpoint.
-        length: the output length every hypothesis is forced to.
-        device: "cpu" or "cuda".
-
-    Returns:
-        {"checkpoint", "normalizers" (their names), "wall_s" (fairseq-generate's wall time),
-        "normalize_s" (the normalizers' total), "ms_per_call" ({attention type: mean ms, or
-        None})}.
+    Args: data_bin: the data-bin, with a test split; checkpoint: the model's checkpoint; length: the output
+    length every hypothesis is forced to; device: "cpu" or "cuda".
+    Returns: {"checkpoint", "normalizers" (their names), "wall_s" (fairseq-generate's wall time),
+    "normalize_s" (the normalizers' total), "ms_per_call" ({attention type: mean ms, or None})}.
     """
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     calls = {kind: [] for kind in ATTENTION_TYPES}

@@ -51,18 +51,10 @@ def model_spec(text):
 def translate(data_bin, checkpoint, subset, out_dir, beam, lenpen, device, fp16):
     """One fairseq-generate run.
 
-    Args:
-        data_bin: the data-bin.
-        checkpoint: the model's checkpoint.
-        subset: the subset to translate.
-        out_dir: fairseq's --results-path.
-        beam: the beam size.
-        lenpen: the length penalty.
-        device: "cpu" or "cuda".
-        fp16: half precision.
-
-    Returns:
-        (sentences, output tokens, seconds), as fairseq reports them.
+    Args: data_bin: the data-bin; checkpoint: the model's checkpoint; subset: the subset to translate;
+    out_dir: fairseq's --results-path; beam: the beam size; lenpen: the length penalty; device: "cpu" or
+    "cuda"; fp16: half precision.
+    Returns: (sentences, output tokens, seconds), as fairseq reports them.
     """
     # The evaluation's settings (fairseq_entmax.pipeline.evaluation): every sentence, batches of 8000 tokens.
     command = [BIN / "fairseq-generate", data_bin, "--user-dir", USER_DIR, "--task", "translation", "--path"]
@@ -82,12 +74,9 @@ def translate(data_bin, checkpoint, subset, out_dir, beam, lenpen, device, fp16)
 def speed_table(results, baseline):
     """The Markdown table of the medians.
 
-    Args:
-        results: name -> list of (sentences, tokens, seconds), one per round.
-        baseline: the name every ratio divides by.
-
-    Returns:
-        The table, a str.
+    Args: results: name -> list of (sentences, tokens, seconds), one per round; baseline: the name every ratio
+    divides by.
+    Returns: The table, a str.
     """
     medians = {}
     for name, runs in results.items():

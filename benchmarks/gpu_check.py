@@ -90,14 +90,9 @@ def step_lines():
 def step_command(name, device, data, work):
     """The command line of one step.
 
-    Args:
-        name: a key of STEPS.
-        device: "cuda" or "cpu".
-        data: the text folder.
-        work: the work folder; the step's JSON and logs go there.
-
-    Returns:
-        The argument list.
+    Args: name: a key of STEPS; device: "cuda" or "cpu"; data: the text folder; work: the work folder; the
+    step's JSON and logs go there.
+    Returns: The argument list.
     """
     json_path = work / f"{name}.json"
     if name == "cuda-tests":
@@ -114,11 +109,8 @@ def step_command(name, device, data, work):
 def read_junit(path):
     """pytest's --junitxml report.
 
-    Args:
-        path: the XML file.
-
-    Returns:
-        {"counts": {outcome: tests}, "failed": the names of the failed tests}.
+    Args: path: the XML file.
+    Returns: {"counts": {outcome: tests}, "failed": the names of the failed tests}.
     """
     outcomes = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
@@ -134,9 +126,8 @@ def read_junit(path):
 def run_step(name, device, data, work, timeout):
     """Run one step in a process of its own, its output in <work>/<name>.log.
 
-    Returns:
-        A record: {"step", "command", "status" ("ok" or "failed"), "seconds", "result" (the
-        step's JSON, or the test counts), "output" (its last lines), "error" if it failed}.
+    Returns: A record: {"step", "command", "status" ("ok" or "failed"), "seconds", "result" (the step's JSON,
+    or the test counts), "output" (its last lines), "error" if it failed}.
     """
     command = step_command(name, device, data, work)
     record = {"step": name, "command": " ".join(command[1:]).replace(str(ROOT) + os.sep, "")}
@@ -163,8 +154,7 @@ def run_step(name, device, data, work, timeout):
 def run_steps(device, data, work, budget_s, only=None):
     """Every step (or those of only), each within what is left of the budget.
 
-    Returns:
-        The records, in STEPS' order; a step not run is recorded as "not run" with why.
+    Returns: The records, in STEPS' order; a step not run is recorded as "not run" with why.
     """
     skip = TINY_SKIP if device == "cpu" else {}
     chosen = [name for name in STEPS if (only is None or name in only) and name not in skip]
@@ -234,8 +224,9 @@ def build_parser():
 
 
 def main(argv=None):
-    """The command line (see the top). Exit status: 0 every step passed, 1 a step failed,
-    2 no CUDA device or no text."""
+    """The command line (see the top). Exit status: 0 every step passed, 1 a step failed, 2 no CUDA device or no
+    text.
+    """
     import torch
 
     args = build_parser().parse_args(argv)

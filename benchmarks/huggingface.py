@@ -84,13 +84,8 @@ PAD, EOS, BOS = 0, 1, 2
 def build_model(family, size, implementation):
     """A model of `family` with the seed's random weights and `implementation`'s attention.
 
-    Args:
-        family: "marian" or "llama".
-        size: a value of SIZES.
-        implementation: a key of IMPLEMENTATIONS.
-
-    Returns:
-        The model, dropout off.
+    Args: family: "marian" or "llama"; size: a value of SIZES; implementation: a key of IMPLEMENTATIONS.
+    Returns: The model, dropout off.
     """
     if family == "marian":
         model_class = MarianMTModel
@@ -146,9 +141,8 @@ def _padded(lengths, padding_side, vocab, generator):
 def batches(family, size, device):
     """The training batch and the generation inputs of a family (the same for every implementation).
 
-    Returns:
-        (training inputs with labels, generation inputs): Marian's sources and targets right-padded;
-        Llama's sequences right-padded for training and its prompts left-padded for generation.
+    Returns: (training inputs with labels, generation inputs): Marian's sources and targets right-padded;
+    Llama's sequences right-padded for training and its prompts left-padded for generation.
     """
     generator = torch.Generator().manual_seed(1)
     rng = random.Random(1)
@@ -205,12 +199,8 @@ def timed(call, device):
 def peak_memory(call, device):
     """Peak bytes of the tensors call() allocates (see the module's docstring for how).
 
-    Args:
-        call: the step.
-        device: the torch.device it runs on.
-
-    Returns:
-        Bytes, an int.
+    Args: call: the step; device: the torch.device it runs on.
+    Returns: Bytes, an int.
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -234,17 +224,12 @@ def peak_memory(call, device):
 def measure(size="base", device="cpu", rounds=5, batch=None, progress=print):
     """Run the benchmark.
 
-    Args:
-        size: a key of SIZES.
-        device: "cpu" or "cuda".
-        rounds: timed rounds after the warm-up round.
-        batch: sentences per batch (None: the size's).
-        progress: called with a line of progress (print by default; None for silence).
-
-    Returns:
-        {"machine", "size", "device", "rounds", "results": {family: {implementation: {"train_s",
-        "generate_s" (medians), "peak_bytes", "train_ratio", "generate_ratio", "memory_ratio"
-        (against eager), "train_rounds", "generate_rounds" (every round's seconds)}}}}.
+    Args: size: a key of SIZES; device: "cpu" or "cuda"; rounds: timed rounds after the warm-up round; batch:
+    sentences per batch (None: the size's); progress: called with a line of progress (print by default; None
+    for silence).
+    Returns: {"machine", "size", "device", "rounds", "results": {family: {implementation: {"train_s",
+    "generate_s" (medians), "peak_bytes", "train_ratio", "generate_ratio", "memory_ratio" (against eager),
+    "train_rounds", "generate_rounds" (every round's seconds)}}}}.
     """
     progress = progress or (lambda line: None)
     device = torch.device(device)

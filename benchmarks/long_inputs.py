@@ -89,16 +89,16 @@ SETTINGS = {
 def rss_kib():
     """This process's resident set size.
 
-    Returns:
-        VmRSS, KiB.
+    Returns: VmRSS, KiB.
     """
     with open("/proc/self/status") as f:
         return int(re.search(r"^VmRSS:\s+(\d+)", f.read(), flags=re.M).group(1))
 
 
 def cpu_allocator_follows_tensors():
-    """glibc: blocks over 64 KiB by mmap, returned on free (benchmarks/normalizers.py does the
-    same), so the resident size is what live tensors hold, not freed memory kept."""
+    """glibc: blocks over 64 KiB by mmap, returned on free (benchmarks/normalizers.py does the same), so the
+    resident size is what live tensors hold, not freed memory kept.
+    """
     import ctypes
 
     libc = ctypes.CDLL("libc.so.6")
@@ -109,13 +109,9 @@ def cpu_allocator_follows_tensors():
 def layer_step(normalizer, device, setting):
     """One encoder self-attention layer and its inputs, ready to step.
 
-    Args:
-        normalizer: the --attention-normalizer, or None: fairseq's own attention.
-        device: a torch.device.
-        setting: an entry of SETTINGS.
-
-    Returns:
-        A function of no arguments running one forward+backward of the layer.
+    Args: normalizer: the --attention-normalizer, or None: fairseq's own attention; device: a torch.device;
+    setting: an entry of SETTINGS.
+    Returns: A function of no arguments running one forward+backward of the layer.
     """
     import torch
     from fairseq.modules import MultiheadAttention
@@ -151,13 +147,9 @@ def layer_step(normalizer, device, setting):
 def model_step(normalizer, device, setting):
     """The small model and a random batch, ready to step.
 
-    Args:
-        normalizer: the --attention-normalizer, or None: fairseq's own attention.
-        device: a torch.device.
-        setting: an entry of SETTINGS.
-
-    Returns:
-        A function of no arguments running one forward+backward of the model.
+    Args: normalizer: the --attention-normalizer, or None: fairseq's own attention; device: a torch.device;
+    setting: an entry of SETTINGS.
+    Returns: A function of no arguments running one forward+backward of the model.
     """
     from types import SimpleNamespace
 
@@ -210,14 +202,9 @@ def model_step(normalizer, device, setting):
 def worker(setting_name, normalizer, device_name, threads):
     """Measure one (setting, normalizer) in this process, its first pass.
 
-    Args:
-        setting_name: a key of SETTINGS.
-        normalizer: the --attention-normalizer, or None: fairseq's own attention.
-        device_name: "cpu" or "cuda".
-        threads: torch's threads (None: torch's choice).
-
-    Returns:
-        {"peak_mib", "process_mib" (None on a GPU)}.
+    Args: setting_name: a key of SETTINGS; normalizer: the --attention-normalizer, or None: fairseq's own
+    attention; device_name: "cpu" or "cuda"; threads: torch's threads (None: torch's choice).
+    Returns: {"peak_mib", "process_mib" (None on a GPU)}.
     """
     device_is_cuda = device_name == "cuda"
     if not device_is_cuda:
@@ -245,16 +232,12 @@ def worker(setting_name, normalizer, device_name, threads):
 
 
 def measure(setting_name, normalizer, args):
-    """Measure one (setting, normalizer) in a fresh process (worker), so that no measurement
-    sees another's memory.
+    """Measure one (setting, normalizer) in a fresh process (worker), so that no measurement sees another's
+    memory.
 
-    Args:
-        setting_name: a key of SETTINGS.
-        normalizer: the --attention-normalizer, or None: fairseq's own attention.
-        args: the command line (device, threads).
-
-    Returns:
-        The worker's {"peak_mib", "process_mib"}.
+    Args: setting_name: a key of SETTINGS; normalizer: the --attention-normalizer, or None: fairseq's own
+    attention; args: the command line (device, threads).
+    Returns: The worker's {"peak_mib", "process_mib"}.
     """
     return call_in_fresh_process(worker, setting_name, normalizer, args.device, args.threads)
 
@@ -262,12 +245,9 @@ def measure(setting_name, normalizer, args):
 def table(results, device):
     """One setting's results table.
 
-    Args:
-        results: {row label of ROWS: {"peak_mib", "process_mib"}}.
-        device: "cpu" or "cuda" (the process column is the CPU's only).
-
-    Returns:
-        A Markdown table.
+    Args: results: {row label of ROWS: {"peak_mib", "process_mib"}}; device: "cpu" or "cuda" (the process
+    column is the CPU's only).
+    Returns: A Markdown table.
     """
     cpu = device == "cpu"
     lines = [

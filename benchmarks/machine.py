@@ -11,12 +11,9 @@ import torch
 def describe(device="cpu"):
     """The machine, for a benchmark's report.
 
-    Args:
-        device: "cpu" or "cuda", or a torch.device (on cuda the GPU is named too).
-
-    Returns:
-        The CPU's model, its logical CPUs, torch's version and threads, and the GPU where it
-        applies, a str.
+    Args: device: "cpu" or "cuda", or a torch.device (on cuda the GPU is named too).
+    Returns: The CPU's model, its logical CPUs, torch's version and threads, and the GPU where it applies, a
+    str.
     """
     cpu = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")

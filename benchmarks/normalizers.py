@@ -55,12 +55,8 @@ TOPK = 8
 def learned_alpha(logits, batch_heads):
     """The learned alpha of attention, one per head, for each row of a batch of heads.
 
-    Args:
-        logits: one logit a per head, (HEADS,).
-        batch_heads: the scores' first dimension, batch * HEADS.
-
-    Returns:
-        alpha = 1 + sigmoid(a), a (batch_heads, 1, 1) tensor.
+    Args: logits: one logit a per head, (HEADS,); batch_heads: the scores' first dimension, batch * HEADS.
+    Returns: alpha = 1 + sigmoid(a), a (batch_heads, 1, 1) tensor.
     """
     alpha = 1.0 + torch.sigmoid(logits)
     return alpha.repeat(batch_heads // HEADS).view(batch_heads, 1, 1)
@@ -69,12 +65,8 @@ def learned_alpha(logits, batch_heads):
 def torch_softmax(x, alpha_logits):
     """The baseline, torch.softmax over the last dimension (alpha_logits is ignored).
 
-    Args:
-        x: the scores.
-        alpha_logits: unused; every method takes it.
-
-    Returns:
-        The probabilities.
+    Args: x: the scores; alpha_logits: unused; every method takes it.
+    Returns: The probabilities.
     """
     return torch.softmax(x, -1)
 
@@ -99,15 +91,12 @@ PATHS = {
 
 @functools.cache
 def methods(path="early-exit"):
-    """The methods measured. torch.softmax is one function, timed once, in both of its places.
-    Cached: a compiled function is compiled once.
+    """The methods measured. torch.softmax is one function, timed once, in both of its places. Cached: a compiled
+    function is compiled once.
 
-    Args:
-        path: which of our paths (a key of PATHS).
-
-    Returns:
-        A list of (name, ours, package counterpart or None), each function
-        fn(scores, alpha_logits) -> probabilities.
+    Args: path: which of our paths (a key of PATHS).
+    Returns: A list of (name, ours, package counterpart or None), each function fn(scores, alpha_logits) ->
+    probabilities.
     """
     pkg = entmax_package
     ours = PATHS[path]
@@ -129,11 +118,9 @@ def methods(path="early-exit"):
 def forward_backward(fn, scores, alpha_logits, upstream):
     """One forward and backward of a method, the previous gradients cleared first.
 
-    Args:
-        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
-        scores: the scores, requiring grad.
-        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
-        upstream: the gradient of the output.
+    Args: fn: a method's function, fn(scores, alpha_logits) -> probabilities; scores: the scores, requiring
+    grad; alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax); upstream: the gradient of
+    the output.
     """
     scores.grad = None
     alpha_logits.grad = None
@@ -143,8 +130,7 @@ def forward_backward(fn, scores, alpha_logits, upstream):
 def synchronize(device):
     """Wait for the GPU's queued work (nothing on the CPU).
 
-    Args:
-        device: a torch.device.
+    Args: device: a torch.device.
     """
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -159,16 +145,10 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 def time_once(fn, scores, alpha_logits, upstream, device, clock=time.perf_counter):
     """Time one forward and backward.
 
-    Args:
-        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
-        scores: the scores, requiring grad.
-        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
-        upstream: the gradient of the output.
-        device: the torch.device they are on.
-        clock: a value of CLOCKS.
-
-    Returns:
-        The time in seconds.
+    Args: fn: a method's function, fn(scores, alpha_logits) -> probabilities; scores: the scores, requiring
+    grad; alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax); upstream: the gradient of
+    the output; device: the torch.device they are on; clock: a value of CLOCKS.
+    Returns: The time in seconds.
     """
     synchronize(device)
     start = clock()
@@ -186,13 +166,12 @@ def _rss_kib(field):
 
 
 def cpu_memory_setup():
-    """Make the resident set size follow live tensors: glibc serves every block over
-    64 KiB by mmap and returns it on free (it would otherwise keep freed heap pages).
-    The settings alone do not hand back the free heap memory already held (memory freed after
-    the timing phase would otherwise be reused unseen), hence the function returned.
+    """Make the resident set size follow live tensors: glibc serves every block over 64 KiB by mmap and returns
+    it on free (it would otherwise keep freed heap pages). The settings alone do not hand back the free heap
+    memory already held (memory freed after the timing phase would otherwise be reused unseen), hence the
+    function returned.
 
-    Returns:
-        A function of no arguments that hands the free heap memory back to the system.
+    Returns: A function of no arguments that hands the free heap memory back to the system.
     """
     import ctypes
 
@@ -204,23 +183,17 @@ def cpu_memory_setup():
 
 
 def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=None):
-    """Peak bytes held during one forward+backward beyond what was held before it: the
-    output, the gradient of the scores and every temporary.
+    """Peak bytes held during one forward+backward beyond what was held before it: the output, the gradient of
+    the scores and every temporary.
 
-    CUDA: torch.cuda.max_memory_allocated. CPU: the peak resident set size (VmHWM, reset
-    through /proc/self/clear_refs) minus the resident size before the call, after the free
-    heap memory is handed back.
+    CUDA: torch.cuda.max_memory_allocated. CPU: the peak resident set size (VmHWM, reset through
+    /proc/self/clear_refs) minus the resident size before the call, after the free heap memory is handed back.
 
-    Args:
-        fn: a method's function, fn(scores, alpha_logits) -> probabilities.
-        scores: the scores, requiring grad.
-        alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax).
-        upstream: the gradient of the output.
-        device: the torch.device they are on.
-        release_free_memory: on the CPU, the function cpu_memory_setup returns.
-
-    Returns:
-        The peak, in bytes.
+    Args: fn: a method's function, fn(scores, alpha_logits) -> probabilities; scores: the scores, requiring
+    grad; alpha_logits: one alpha logit per head, requiring grad (for alpha_entmax); upstream: the gradient of
+    the output; device: the torch.device they are on; release_free_memory: on the CPU, the function
+    cpu_memory_setup returns.
+    Returns: The peak, in bytes.
     """
     # The gradient of the previous call is freed first, so the new one is counted.
     scores.grad = None
@@ -243,13 +216,9 @@ def peak_memory(fn, scores, alpha_logits, upstream, device, release_free_memory=
 def shape_inputs(shape, device, dtype=torch.float32):
     """The inputs of a shape, the same on every call.
 
-    Args:
-        shape: (batch * heads, queries, keys).
-        device: where they are made.
-        dtype: the scores' and the upstream gradient's (alpha_logits stay float32).
-
-    Returns:
-        (scores, alpha_logits, upstream): random normal, the first two requiring grad.
+    Args: shape: (batch * heads, queries, keys); device: where they are made; dtype: the scores' and the
+    upstream gradient's (alpha_logits stay float32).
+    Returns: (scores, alpha_logits, upstream): random normal, the first two requiring grad.
     """
     torch.manual_seed(0)
     scores = torch.randn(*shape, device=device).to(dtype).requires_grad_()
@@ -261,13 +230,10 @@ def shape_inputs(shape, device, dtype=torch.float32):
 def method_entries(path):
     """Every function to measure, each once, and where each result goes.
 
-    Args:
-        path: which of our paths (a key of PATHS).
-
-    Returns:
-        (entries, place_of): entries, a list of (name, "ours" or "package", fn), each
-        function once; place_of, {(name, which): the (name, which) of the entry it is measured
-        under}, for every place of the table.
+    Args: path: which of our paths (a key of PATHS).
+    Returns: (entries, place_of): entries, a list of (name, "ours" or "package", fn), each function once;
+    place_of, {(name, which): the (name, which) of the entry it is measured under}, for every place of the
+    table.
     """
     entries, place_of, seen = [], {}, {}
     for name, ours, package in methods(path):
@@ -282,21 +248,14 @@ def method_entries(path):
 
 
 def time_shape(shape, rounds, device, path, dtype=torch.float32, clock=time.perf_counter):
-    """Median forward+backward milliseconds per method, and our max abs difference to the
-    package. Each round times every method once, in an order shuffled per round, so that what
-    one method leaves behind (caches, allocator state) does not always fall on the same next one.
+    """Median forward+backward milliseconds per method, and our max abs difference to the package. Each round
+    times every method once, in an order shuffled per round, so that what one method leaves behind (caches,
+    allocator state) does not always fall on the same next one.
 
-    Args:
-        shape: (batch * heads, queries, keys).
-        rounds: timed rounds.
-        device: a torch.device.
-        path: which of our paths (a key of PATHS).
-        dtype: the scores' (shape_inputs).
-        clock: a value of CLOCKS.
-
-    Returns:
-        (medians, differences): {(name, "ours" or "package"): median milliseconds}, and
-        {name: max abs difference of our output to the package's}.
+    Args: shape: (batch * heads, queries, keys); rounds: timed rounds; device: a torch.device; path: which of
+    our paths (a key of PATHS); dtype: the scores' (shape_inputs); clock: a value of CLOCKS.
+    Returns: (medians, differences): {(name, "ours" or "package"): median milliseconds}, and {name: max abs
+    difference of our output to the package's}.
     """
     scores, alpha_logits, upstream = shape_inputs(shape, device, dtype)
     entries, place_of = method_entries(path)
@@ -321,15 +280,10 @@ def time_shape(shape, rounds, device, path, dtype=torch.float32, clock=time.perf
 def memory_shape(shape, device, release_free_memory, path, dtype=torch.float32):
     """Peak memory of one forward+backward per method.
 
-    Args:
-        shape: (batch * heads, queries, keys).
-        device: a torch.device.
-        release_free_memory: on the CPU, the function cpu_memory_setup returns.
-        path: which of our paths (a key of PATHS).
-        dtype: the scores' (shape_inputs).
-
-    Returns:
-        {(name, "ours" or "package"): peak MiB}.
+    Args: shape: (batch * heads, queries, keys); device: a torch.device; release_free_memory: on the CPU, the
+    function cpu_memory_setup returns; path: which of our paths (a key of PATHS); dtype: the scores'
+    (shape_inputs).
+    Returns: {(name, "ours" or "package"): peak MiB}.
     """
     scores, alpha_logits, upstream = shape_inputs(shape, device, dtype)
     entries, place_of = method_entries(path)
@@ -343,12 +297,9 @@ def memory_shape(shape, device, release_free_memory, path, dtype=torch.float32):
 def machine_description(device):
     """The machine, for the results.
 
-    Args:
-        device: the torch.device measured.
-
-    Returns:
-        The CPU, its logical CPUs, torch's version and threads, the GPU and the entmax
-        package's version where they apply, a str.
+    Args: device: the torch.device measured.
+    Returns: The CPU, its logical CPUs, torch's version and threads, the GPU and the entmax package's version
+    where they apply, a str.
     """
     text = describe(device)
     if entmax_package is not None:
@@ -359,13 +310,9 @@ def machine_description(device):
 def format_table(results, measure_memory):
     """The results table.
 
-    Args:
-        results: {shape: (medians, memory, differences)}, as time_shape and memory_shape
-            return them.
-        measure_memory: whether to show the memory columns.
-
-    Returns:
-        A Markdown table.
+    Args: results: {shape: (medians, memory, differences)}, as time_shape and memory_shape return them;
+    measure_memory: whether to show the memory columns.
+    Returns: A Markdown table.
     """
     header = (
         "| shape (b*h, q, k) | normalizer | ours ms | package ms | ours/package | ours/softmax |"
@@ -410,11 +357,8 @@ def format_table(results, measure_memory):
 def results_json(results):
     """The results as JSON-ready rows, one per shape and normalizer, the ratios beside them.
 
-    Args:
-        results: {shape: (medians, memory, differences)}, as format_table takes them.
-
-    Returns:
-        A list of dicts (None where a figure was not measured).
+    Args: results: {shape: (medians, memory, differences)}, as format_table takes them.
+    Returns: A list of dicts (None where a figure was not measured).
     """
     rows = []
     for shape, (medians, memory, differences) in results.items():

@@ -41,12 +41,8 @@ BASELINE_PACKAGE = "baseline_normalizers"
 def load_baseline(revision, folder):
     """The normalizers of a git revision, imported as the package BASELINE_PACKAGE.
 
-    Args:
-        revision: a commit of this repository.
-        folder: where the package's files are written.
-
-    Returns:
-        The package, whose functions are named as this tree's (FUNCTION_NAMES).
+    Args: revision: a commit of this repository; folder: where the package's files are written.
+    Returns: The package, whose functions are named as this tree's (FUNCTION_NAMES).
     """
     export(revision, NORMALIZERS, folder)
     package = Path(folder) / BASELINE_PACKAGE
@@ -88,16 +84,10 @@ def use(modules, functions):
 def time_side_by_side(versions, modules, batches, rounds, step, clock):
     """Seconds of `step(batch)` per version, batch by batch in shuffled version order.
 
-    Args:
-        versions: {name: the functions of the modules}.
-        modules: the attention modules.
-        batches: the batches, each run once per version per round.
-        rounds: how many times every batch is run.
-        step: the function timed.
-        clock: a value of normalizers.CLOCKS.
-
-    Returns:
-        {name: [seconds, one per batch and round]}.
+    Args: versions: {name: the functions of the modules}; modules: the attention modules; batches: the
+    batches, each run once per version per round; rounds: how many times every batch is run; step: the
+    function timed; clock: a value of normalizers.CLOCKS.
+    Returns: {name: [seconds, one per batch and round]}.
     """
     for name in versions:  # warm-up: first calls allocate
         use(modules, versions[name])

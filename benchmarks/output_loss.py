@@ -53,8 +53,9 @@ def package(loss):
 
 
 def methods():
-    """(name, alpha, fn(logits, target) -> scalar loss); ours at alpha > 1 without smoothing,
-    as the package (which has none) computes them."""
+    """(name, alpha, fn(logits, target) -> scalar loss); ours at alpha > 1 without smoothing, as the package
+    (which has none) computes them.
+    """
     entries = [
         (BASELINE + f", eps {LABEL_SMOOTHING}", 1.0, fairseq_cross_entropy),
         (f"ours, alpha 1, eps {LABEL_SMOOTHING}", 1.0, ours(1.0, LABEL_SMOOTHING)),
@@ -82,9 +83,9 @@ def shape_inputs(shape):
 
 
 def measure_shape(shape, rounds):
-    """Median milliseconds, peak MiB and loss per method; memory is measured after every
-    timing of the shape (see benchmarks/normalizers.py: the allocator settings it needs
-    would slow the timing)."""
+    """Median milliseconds, peak MiB and loss per method; memory is measured after every timing of the shape (see
+    benchmarks/normalizers.py: the allocator settings it needs would slow the timing).
+    """
     logits, target, upstream = shape_inputs(shape)
     device = logits.device
     entries = methods()

@@ -12,8 +12,7 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 def git(*args):
     """The stripped standard output of a git command in this repository.
 
-    Raises:
-        SystemExit: git failed; its message is printed as one line.
+    Raises SystemExit: git failed; its message is printed as one line.
     """
     done = subprocess.run(["git", *args], cwd=REPOSITORY, capture_output=True, text=True)
     if done.returncode != 0:
@@ -25,8 +24,7 @@ def git(*args):
 def commit_of(ref):
     """The full hash of the commit REF names.
 
-    Raises:
-        SystemExit: REF names no commit of this repository.
+    Raises SystemExit: REF names no commit of this repository.
     """
     done = subprocess.run(
         ["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"], cwd=REPOSITORY, capture_output=True, text=True
@@ -39,16 +37,10 @@ def commit_of(ref):
 def export(ref, path, into):
     """Write the files under `path` at commit REF into the folder `into`, at their paths.
 
-    Args:
-        ref: a commit, tag or branch of this repository.
-        path: a folder of the repository, e.g. "fairseq_entmax".
-        into: an existing folder.
-
-    Returns:
-        REF's full commit hash.
-
-    Raises:
-        SystemExit: REF names no commit, or holds no `path`.
+    Args: ref: a commit, tag or branch of this repository; path: a folder of the repository, e.g.
+    "fairseq_entmax"; into: an existing folder.
+    Returns: REF's full commit hash.
+    Raises SystemExit: REF names no commit, or holds no `path`.
     """
     commit = commit_of(ref)
     with tempfile.TemporaryDirectory(prefix="export-") as scratch:

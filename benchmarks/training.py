@@ -138,18 +138,12 @@ DEFAULT_SETTINGS = ["paper-size", "long-small"]
 def run(args, log, gpu_peak_file=None):
     """Run a fairseq command (benchmarks.commands.run) and read its peak memory.
 
-    Args:
-        args: the command and its arguments.
-        log: the file its output is appended to.
-        gpu_peak_file: None, or the file benchmarks/cuda_peak_memory.py wrote for this
-            command (args must run it): the peak is read from there.
-
-    Returns:
-        (its output, stdout and stderr together; the peak memory of that process, MiB: its
-        resident set size, or on the GPU what torch allocated there, from gpu_peak_file).
-
-    Raises:
-        CommandFailed: the command failed; the message holds the end of its output.
+    Args: args: the command and its arguments; log: the file its output is appended to; gpu_peak_file: None,
+    or the file benchmarks/cuda_peak_memory.py wrote for this command (args must run it): the peak is read
+    from there.
+    Returns: (its output, stdout and stderr together; the peak memory of that process, MiB: its resident set
+    size, or on the GPU what torch allocated there, from gpu_peak_file).
+    Raises CommandFailed: the command failed; the message holds the end of its output.
     """
     finished = run_command(args, log)
     if gpu_peak_file is not None:
@@ -160,16 +154,11 @@ def run(args, log, gpu_peak_file=None):
 def make_data(data_dir, work, join_lines, n_lines, n_gen):
     """Binarize the benchmark's data with fairseq-preprocess.
 
-    Args:
-        data_dir: the folder of train.de and train.en.
-        work: the work folder (raw/ and bin/ are written there).
-        join_lines: corpus lines joined into one sentence (long inputs).
-        n_lines: corpus lines for training.
-        n_gen: sentences (after joining) for generation ("test"); the GEN_BATCH of those with
-            the shortest sources are "valid", the test run's first batch.
-
-    Returns:
-        The data-bin's path.
+    Args: data_dir: the folder of train.de and train.en; work: the work folder (raw/ and bin/ are written
+    there); join_lines: corpus lines joined into one sentence (long inputs); n_lines: corpus lines for
+    training; n_gen: sentences (after joining) for generation ("test"); the GEN_BATCH of those with the
+    shortest sources are "valid", the test run's first batch.
+    Returns: The data-bin's path.
     """
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
@@ -215,21 +204,14 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
 def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=False, save=True):
     """Train one model with fairseq-train, validation off.
 
-    Args:
-        data_bin: the data-bin.
-        save_dir: fairseq's --save-dir (its log is written beside it).
-        model_args: the architecture and attention options of the model.
-        setting: an entry of SETTINGS (size, max_tokens).
-        device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
-        updates: training updates.
-        cuda: whether it trains on the GPU: fairseq-train then runs through
-            benchmarks.cuda_peak_memory, which records the peak GPU memory.
-        save: whether to save the checkpoint (generate needs it); a Transformer base's, with
-            Adam's state, takes seconds to write.
-
-    Returns:
-        (target words/s, the mean of fairseq's wps without the first log interval; peak
-        memory of the process, MiB: resident on the CPU, allocated by torch on the GPU).
+    Args: data_bin: the data-bin; save_dir: fairseq's --save-dir (its log is written beside it); model_args:
+    the architecture and attention options of the model; setting: an entry of SETTINGS (size, max_tokens);
+    device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]); updates: training updates; cuda: whether
+    it trains on the GPU: fairseq-train then runs through benchmarks.cuda_peak_memory, which records the peak
+    GPU memory; save: whether to save the checkpoint (generate needs it); a Transformer base's, with Adam's
+    state, takes seconds to write.
+    Returns: (target words/s, the mean of fairseq's wps without the first log interval; peak memory of the
+    process, MiB: resident on the CPU, allocated by torch on the GPU).
     """
     log_path = save_dir.parent / f"{save_dir.name}.train.log"
     gpu_peak_file = save_dir.parent / f"{save_dir.name}.gpu-peak.json" if cuda else None
@@ -302,15 +284,11 @@ def train_args(data_bin, save_dir, model_args, setting, device_args, updates, sa
 def generate(data_bin, save_dir, setting, device_args):
     """Steady generation speed: the test sentences against their first batch (see the top).
 
-    Args:
-        data_bin: the data-bin (make_data's).
-        save_dir: the trained model's --save-dir (checkpoint_last.pt is used).
-        setting: an entry of SETTINGS (gen_len: the forced output length).
-        device_args: ["--cpu"], or the GPU's options (e.g. ["--fp16"]).
-
-    Returns:
-        Sentences per second; None when the two runs' times, which fairseq reports to 0.1 s,
-        do not differ (too few sentences for the rate to be measured).
+    Args: data_bin: the data-bin (make_data's); save_dir: the trained model's --save-dir (checkpoint_last.pt
+    is used); setting: an entry of SETTINGS (gen_len: the forced output length); device_args: ["--cpu"], or
+    the GPU's options (e.g. ["--fp16"]).
+    Returns: Sentences per second; None when the two runs' times, which fairseq reports to 0.1 s, do not
+    differ (too few sentences for the rate to be measured).
     """
     n = setting["gen_len"]
     done = {}
@@ -350,16 +328,10 @@ def generate(data_bin, save_dir, setting, device_args):
 def setting_report(report, name, about, results, json_path):
     """Put one setting's medians and ratios into the report, and write it to json_path.
 
-    Args:
-        report: the whole report (its "settings" gets this one's entry).
-        name: the setting's name.
-        about: what was run, a str.
-        results: {model: {"wps", "memory", "sps": lists of measurements}}, the baseline first;
-            a model with no training measured yet is left out.
-        json_path: None, or the file written.
-
-    Returns:
-        {model: {"wps", "memory", "sps": the median, or None where none was measured}}.
+    Args: report: the whole report (its "settings" gets this one's entry); name: the setting's name; about:
+    what was run, a str; results: {model: {"wps", "memory", "sps": lists of measurements}}, the baseline
+    first; a model with no training measured yet is left out; json_path: None, or the file written.
+    Returns: {model: {"wps", "memory", "sps": the median, or None where none was measured}}.
     """
     # A generation too short to be timed gave None (generate): the median is of the others.
     median = {
@@ -393,26 +365,20 @@ def setting_report(report, name, about, results, json_path):
 def median_of_measured(values):
     """The median of the values that are not None.
 
-    Args:
-        values: floats or None (not measured).
-
-    Returns:
-        Their median, or None when none was measured.
+    Args: values: floats or None (not measured).
+    Returns: Their median, or None when none was measured.
     """
     measured = [value for value in values if value is not None]
     return statistics.median(measured) if measured else None
 
 
 def results_table(median, memory_label):
-    """The results of one setting as a Markdown table, each figure beside its ratio to the
-    baseline (the first model).
+    """The results of one setting as a Markdown table, each figure beside its ratio to the baseline (the first
+    model).
 
-    Args:
-        median: {model: {"wps", "memory", "sps" (None where not measured)}}, the baseline first.
-        memory_label: the memory column's title.
-
-    Returns:
-        The table, a str.
+    Args: median: {model: {"wps", "memory", "sps" (None where not measured)}}, the baseline first;
+    memory_label: the memory column's title.
+    Returns: The table, a str.
     """
     base = next(iter(median.values()))
     lines = [
@@ -431,8 +397,7 @@ def results_table(median, memory_label):
 def build_parser():
     """The benchmark's command line (see the top).
 
-    Returns:
-        The argparse.ArgumentParser.
+    Returns: The argparse.ArgumentParser.
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder with train.de and train.en")
@@ -497,12 +462,10 @@ def build_parser():
 class BenchmarkRun:
     """What a run measures, from its command line.
 
-    Attributes:
-        args: the parsed command line.
-        models: name -> fairseq-train arguments of each model trained (the baseline first).
-        compiled: name -> the model it compiles, for those trained with --compile-normalizers.
-        generated: the models whose generation speed is measured.
-        device_args: fairseq's arguments for the device.
+    Attributes: args: the parsed command line; models: name -> fairseq-train arguments of each model trained
+    (the baseline first); compiled: name -> the model it compiles, for those trained with
+    --compile-normalizers; generated: the models whose generation speed is measured; device_args: fairseq's
+    arguments for the device.
     """
 
     args: argparse.Namespace
@@ -525,12 +488,8 @@ class BenchmarkRun:
 def benchmark_run(args, parser):
     """Check the command line and choose the models.
 
-    Args:
-        args: the parsed command line.
-        parser: its parser (for the errors).
-
-    Returns:
-        The BenchmarkRun.
+    Args: args: the parsed command line; parser: its parser (for the errors).
+    Returns: The BenchmarkRun.
     """
     models = {
         name: model_args
@@ -575,11 +534,8 @@ def benchmark_run(args, parser):
 def measure_setting(bench, name, work, report):
     """Train and time every model of the run at one setting, printing progress and its table.
 
-    Args:
-        bench: the BenchmarkRun.
-        name: the setting, a key of SETTINGS.
-        work: the setting's work folder.
-        report: the report (--json), updated as each measurement ends.
+    Args: bench: the BenchmarkRun; name: the setting, a key of SETTINGS; work: the setting's work folder;
+    report: the report (--json), updated as each measurement ends.
     """
     args, models, generated = bench.args, bench.models, bench.generated
     setting = SETTINGS[name]

@@ -77,14 +77,11 @@ MAX_LENGTH = 40
 
 
 def build_tokenizer(lines):
-    """A word-level tokenizer shared by both languages (the toy pair is made of whole words),
-    with </s> after every sentence, as Marian's tokenizers add it.
+    """A word-level tokenizer shared by both languages (the toy pair is made of whole words), with </s> after
+    every sentence, as Marian's tokenizers add it.
 
-    Args:
-        lines: the training sentences of both sides.
-
-    Returns:
-        A transformers PreTrainedTokenizerFast.
+    Args: lines: the training sentences of both sides.
+    Returns: A transformers PreTrainedTokenizerFast.
     """
     words = sorted({word for line in lines for word in line.split()})
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + tuple(words))}
@@ -97,14 +94,9 @@ def build_tokenizer(lines):
 def build_model(tokenizer, size, attn_implementation, seed=0):
     """A Marian with random weights, built from a config.
 
-    Args:
-        tokenizer: the shared tokenizer (its vocabulary and special tokens).
-        size: a value of SIZES.
-        attn_implementation: the attention it is built with.
-        seed: the seed of its weights.
-
-    Returns:
-        The MarianMTModel.
+    Args: tokenizer: the shared tokenizer (its vocabulary and special tokens); size: a value of SIZES;
+    attn_implementation: the attention it is built with; seed: the seed of its weights.
+    Returns: The MarianMTModel.
     """
     config = MarianConfig(
         vocab_size=len(tokenizer),
@@ -153,17 +145,11 @@ def encode(tokenizer, sources, targets):
 def train(model, tokenizer, examples, size, steps, output_dir, callbacks=()):
     """Train with Seq2SeqTrainer for a fixed number of optimizer steps.
 
-    Args:
-        model: the MarianMTModel.
-        tokenizer: the shared tokenizer (padding in the collator).
-        examples: what encode returns.
-        size: a value of SIZES (batch size, learning rate).
-        steps: optimizer steps.
-        output_dir: the Trainer's output directory (no checkpoint is written).
-        callbacks: TrainerCallbacks, e.g. sparse_hf.AlphaWarmupCallback().
-
-    Returns:
-        The Trainer's final training loss.
+    Args: model: the MarianMTModel; tokenizer: the shared tokenizer (padding in the collator); examples: what
+    encode returns; size: a value of SIZES (batch size, learning rate); steps: optimizer steps; output_dir:
+    the Trainer's output directory (no checkpoint is written); callbacks: TrainerCallbacks, e.g.
+    sparse_hf.AlphaWarmupCallback().
+    Returns: The Trainer's final training loss.
     """
     args = Seq2SeqTrainingArguments(
         output_dir=str(output_dir),
@@ -216,16 +202,13 @@ def read_split(directory, split):
 def run(size_name, work_dir):
     """Train and score every normalizer, then sparsify and fine-tune the saved softmax model.
 
-    Args:
-        size_name: a key of SIZES.
-        work_dir: where the corpus, the saved softmax model and the Trainer's directories go.
-
-    Returns:
-        {"rows": [{"model", "bleu", "chrf", "loss"}, ...] (the four normalizers, then the
-        fine-tuned model), "alphas": alpha_table of the learned alpha-entmax model,
-        "finetune": {"bleu_before", "bleu_after", "alphas" (alpha_table after fine-tuning),
-        "start_max_difference" (the largest absolute difference between the logits of the
-        softmax model and of its saved, loaded and sparsified copy before fine-tuning)}, "alpha_clamp"}.
+    Args: size_name: a key of SIZES; work_dir: where the corpus, the saved softmax model and the Trainer's
+    directories go.
+    Returns: {"rows": [{"model", "bleu", "chrf", "loss"}, ...] (the four normalizers, then the fine-tuned
+    model), "alphas": alpha_table of the learned alpha-entmax model, "finetune": {"bleu_before", "bleu_after",
+    "alphas" (alpha_table after fine-tuning), "start_max_difference" (the largest absolute difference between
+    the logits of the softmax model and of its saved, loaded and sparsified copy before fine-tuning)},
+    "alpha_clamp"}.
     """
     size = SIZES[size_name]
     work_dir = Path(work_dir)

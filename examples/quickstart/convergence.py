@@ -35,14 +35,10 @@ DEFAULT_MAX_UPDATE = 20000
 def patience_stop(values, patience, maximize):
     """Where a patience on a validation metric stops a run, validated once per epoch.
 
-    Args:
-        values: the metric after each validation, in order.
-        patience: validations without a new best that stop the run (fairseq's --patience).
-        maximize: whether higher is better (accuracy) or lower (loss).
-
-    Returns:
-        (stop, best): indexes into values of the validation after which the run stops (None
-        when the patience is never met) and of the best one before it (the first to reach it).
+    Args: values: the metric after each validation, in order; patience: validations without a new best that
+    stop the run (fairseq's --patience); maximize: whether higher is better (accuracy) or lower (loss).
+    Returns: (stop, best): indexes into values of the validation after which the run stops (None when the
+    patience is never met) and of the best one before it (the first to reach it).
     """
     best = 0
     for i, value in enumerate(values):
@@ -56,15 +52,11 @@ def patience_stop(values, patience, maximize):
 def model_row(save_dir, patience):
     """What one model's training log says of its convergence.
 
-    Args:
-        save_dir: the model's folder (train.log, train_seconds.txt).
-        patience: the patience it trained with.
-
-    Returns:
-        A dict: updates and epochs trained, whether the patience stopped it, the update and
-        epoch of its best validation accuracy, where a patience on the validation loss would
-        have stopped it and the accuracy at that loss's best, the first update within one
-        point of the best accuracy, and the training seconds per update.
+    Args: save_dir: the model's folder (train.log, train_seconds.txt); patience: the patience it trained with.
+    Returns: A dict: updates and epochs trained, whether the patience stopped it, the update and epoch of its
+    best validation accuracy, where a patience on the validation loss would have stopped it and the accuracy
+    at that loss's best, the first update within one point of the best accuracy, and the training seconds per
+    update.
     """
     from fairseq_entmax.analysis.training_log import read_validation_curve
 
@@ -92,8 +84,9 @@ def model_row(save_dir, patience):
 
 
 def write_subset(files, n_pairs, into):
-    """The first n_pairs training pairs and the whole valid and test sets, written to `into`
-    as the quickstart reads a corpus (a file already holding the same text is left alone)."""
+    """The first n_pairs training pairs and the whole valid and test sets, written to `into` as the quickstart
+    reads a corpus (a file already holding the same text is left alone).
+    """
     into.mkdir(parents=True, exist_ok=True)
     for split, pair in files.items():
         for path in pair:
@@ -105,16 +98,12 @@ def write_subset(files, n_pairs, into):
 
 
 def convergence_steps(args, files, rows):
-    """For each size: its subset written, the quickstart run on it, and its rows read from the
-    models' validation curves.
+    """For each size: its subset written, the quickstart run on it, and its rows read from the models' validation
+    curves.
 
-    Args:
-        args: the command line.
-        files: {split: (source file, target file)} of the corpus.
-        rows: the list the row steps append to, one row per size and model (convergence.json's).
-
-    Returns:
-        The Steps, a list.
+    Args: args: the command line; files: {split: (source file, target file)} of the corpus; rows: the list the
+    row steps append to, one row per size and model (convergence.json's).
+    Returns: The Steps, a list.
     """
     steps = []
     for n_pairs in args.sizes:
@@ -150,8 +139,7 @@ def convergence_steps(args, files, rows):
 def size_rows(args, n_pairs, work):
     """One row per model of a size's quickstart run.
 
-    Returns:
-        The rows, as written to convergence.json.
+    Returns: The rows, as written to convergence.json.
     """
     batch_tokens = count_training_tokens(work / "bpe", args.src, args.tgt)
     max_tokens = (SIZES["tiny"] if args.tiny else OWN_CORPUS)["max_tokens"]
@@ -219,8 +207,9 @@ def parse_args(argv=None):
 
 
 def run(args):
-    """Check the corpus, then measure (or, with --dry-run, print the steps), print and write the
-    table. What ran is appended to --work-dir/commands.log."""
+    """Check the corpus, then measure (or, with --dry-run, print the steps), print and write the table. What ran
+    is appended to --work-dir/commands.log.
+    """
     files = {split: (args.data / f"{split}.{args.src}", args.data / f"{split}.{args.tgt}") for split in SPLITS}
     available = check_parallel_corpus(files)["train"]
     if max(args.sizes) > available:
@@ -246,8 +235,7 @@ def run(args):
 def main(argv=None):
     """The command line, as `python -m examples.quickstart.convergence` runs it.
 
-    Returns:
-        The exit status: 0, or 2 with a message when an input or a stage fails.
+    Returns: The exit status: 0, or 2 with a message when an input or a stage fails.
     """
     return run_reporting_errors(run, parse_args(argv))
 

@@ -104,12 +104,9 @@ CONVERGENCE_FILE = Path(__file__).with_name("convergence.json")
 def passes_to_stop(path=CONVERGENCE_FILE):
     """The passes over the training data after which the patience stopped the measured models.
 
-    Args:
-        path: the measurements, a JSON file with max_tokens and runs of batch_tokens_per_pass
-            and stopped_at_update.
-
-    Returns:
-        {"typical": their mean, "most": their maximum}, to a tenth of a pass.
+    Args: path: the measurements, a JSON file with max_tokens and runs of batch_tokens_per_pass and
+    stopped_at_update.
+    Returns: {"typical": their mean, "most": their maximum}, to a tenth of a pass.
     """
     measured = json.loads(Path(path).read_text(encoding="utf-8"))
     passes = [
@@ -133,15 +130,12 @@ TIMED_UPDATES, TIMED_LOG_INTERVAL = 8, 2
 
 
 def own_corpus_bpe_merges(n_training_pairs):
-    """Joint BPE merges for a corpus. Fewer than the usual 32k: small corpora do better with
-    small vocabularies, every subword seen often enough to be learnt.
+    """Joint BPE merges for a corpus. Fewer than the usual 32k: small corpora do better with small vocabularies,
+    every subword seen often enough to be learnt.
 
-    Args:
-        n_training_pairs: the number of training sentence pairs.
-
-    Returns:
-        One merge per two training pairs, rounded to the thousand (halves up), from 1000 to
-        8000 (8000 from 15,000 pairs up, as for the reproduction's TED sample).
+    Args: n_training_pairs: the number of training sentence pairs.
+    Returns: One merge per two training pairs, rounded to the thousand (halves up), from 1000 to 8000 (8000
+    from 15,000 pairs up, as for the reproduction's TED sample).
     """
     merges = 1000 * math.floor(n_training_pairs * MERGES_PER_TRAINING_PAIR / 1000 + 0.5)
     return int(min(MERGES_RANGE[1], max(MERGES_RANGE[0], merges)))
@@ -150,13 +144,9 @@ def own_corpus_bpe_merges(n_training_pairs):
 def expected_updates(training_tokens, max_tokens=OWN_CORPUS["max_tokens"], passes=None):
     """The updates after which the patience typically stops a model on a corpus.
 
-    Args:
-        training_tokens: what a pass over the training data costs (count_training_tokens).
-        max_tokens: the tokens of a batch.
-        passes: passes over the training data (None: the typical measured figure).
-
-    Returns:
-        The updates, rounded up to the hundred.
+    Args: training_tokens: what a pass over the training data costs (count_training_tokens); max_tokens: the
+    tokens of a batch; passes: passes over the training data (None: the typical measured figure).
+    Returns: The updates, rounded up to the hundred.
     """
     passes = PASSES_TO_STOP["typical"] if passes is None else passes
     return int(100 * math.ceil(passes * training_tokens / max_tokens / 100))
@@ -165,14 +155,11 @@ def expected_updates(training_tokens, max_tokens=OWN_CORPUS["max_tokens"], passe
 def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
     """The cap on the training updates of a model on a corpus (the patience stops it earlier).
 
-    Args:
-        training_tokens: what a pass over the training data costs (count_training_tokens).
-        max_tokens: the tokens of a batch.
-
-    Returns:
-        CAP_MARGIN times the passes the slowest measured model took to stop, in batches of
-        max_tokens, rounded up to the hundred, from 1,500 to 12,000 (which bounds the time:
-        docs/recipes.md; --max-update gives more).
+    Args: training_tokens: what a pass over the training data costs (count_training_tokens); max_tokens: the
+    tokens of a batch.
+    Returns: CAP_MARGIN times the passes the slowest measured model took to stop, in batches of max_tokens,
+    rounded up to the hundred, from 1,500 to 12,000 (which bounds the time: docs/recipes.md; --max-update
+    gives more).
     """
     updates = expected_updates(training_tokens, max_tokens, CAP_MARGIN * PASSES_TO_STOP["most"])
     return int(min(UPDATES_RANGE[1], max(UPDATES_RANGE[0], updates)))
@@ -181,14 +168,10 @@ def own_corpus_max_update(training_tokens, max_tokens=OWN_CORPUS["max_tokens"]):
 def count_training_tokens(bpe_dir, src, tgt):
     """What a pass over the training data costs in batch tokens.
 
-    Args:
-        bpe_dir: the folder of the BPE-segmented text (train.SRC, train.TGT).
-        src: the source language suffix.
-        tgt: the target language suffix.
-
-    Returns:
-        The sum over the training pairs of the longer side in BPE tokens plus its
-        end-of-sentence token (fairseq pads a batch to its longest sentence).
+    Args: bpe_dir: the folder of the BPE-segmented text (train.SRC, train.TGT); src: the source language
+    suffix; tgt: the target language suffix.
+    Returns: The sum over the training pairs of the longer side in BPE tokens plus its end-of-sentence token
+    (fairseq pads a batch to its longest sentence).
     """
     sources, targets = read_lines(Path(bpe_dir) / f"train.{src}"), read_lines(Path(bpe_dir) / f"train.{tgt}")
     return sum(max(len(s.split()), len(t.split())) + 1 for s, t in zip(sources, targets))
@@ -197,31 +180,22 @@ def count_training_tokens(bpe_dir, src, tgt):
 def estimated_seconds(updates, rates):
     """The time the models' training updates take at their timed rates.
 
-    Args:
-        updates: training updates per model.
-        rates: {normalizer: seconds per update on this machine} (timing_steps), one per model.
-
-    Returns:
-        The estimate in seconds, for all models together.
+    Args: updates: training updates per model; rates: {normalizer: seconds per update on this machine}
+    (timing_steps), one per model.
+    Returns: The estimate in seconds, for all models together.
     """
     return sum(updates * rate for rate in rates.values())
 
 
 def projected_seconds(elapsed, done, rates, remaining, updates):
-    """The whole run's time, projected once its first model is trained and evaluated: the
-    time so far, then each remaining model at the first one's measured cost, scaled by their
-    timed rates (the analysis comes on top).
+    """The whole run's time, projected once its first model is trained and evaluated: the time so far, then each
+    remaining model at the first one's measured cost, scaled by their timed rates (the analysis comes on top).
 
-    Args:
-        elapsed: seconds since the run started.
-        done: (normalizer, updates, training seconds, evaluation seconds) of the model done;
-            its training seconds include validation and checkpoints.
-        rates: {normalizer: timed seconds per update} (timing_steps).
-        remaining: the normalizers still to train.
-        updates: the updates each of them is expected to train.
-
-    Returns:
-        Seconds.
+    Args: elapsed: seconds since the run started; done: (normalizer, updates, training seconds, evaluation
+    seconds) of the model done; its training seconds include validation and checkpoints; rates: {normalizer:
+    timed seconds per update} (timing_steps); remaining: the normalizers still to train; updates: the updates
+    each of them is expected to train.
+    Returns: Seconds.
     """
     name, done_updates, train_seconds, evaluation_seconds = done
     per_timed_second = train_seconds / (done_updates * rates[name])
@@ -232,20 +206,14 @@ def projected_seconds(elapsed, done, rates, remaining, updates):
 
 
 def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
-    """Steps that time each normalizer's first updates on this machine; a rerun skips those of
-    the models trained already.
+    """Steps that time each normalizer's first updates on this machine; a rerun skips those of the models trained
+    already.
 
-    Args:
-        data_bin: the run's data-bin.
-        work: the work folder (the timing runs go to work/timing).
-        settings: the run's TrainSettings.
-        models: the normalizers.
-        threads: fairseq-train's threads (--threads, or None for torch's choice).
-        cpu: whether fairseq-train runs on the CPU.
-        rates: the dict each step puts its normalizer's seconds per update in.
-
-    Returns:
-        The Steps, a list.
+    Args: data_bin: the run's data-bin; work: the work folder (the timing runs go to work/timing); settings:
+    the run's TrainSettings; models: the normalizers; threads: fairseq-train's threads (--threads, or None for
+    torch's choice); cpu: whether fairseq-train runs on the CPU; rates: the dict each step puts its
+    normalizer's seconds per update in.
+    Returns: The Steps, a list.
     """
     timing = dataclasses.replace(
         settings,
@@ -270,19 +238,13 @@ def timing_steps(data_bin, work, settings, models, threads, cpu, rates):
 
 
 def timed_rate(output, log_path):
-    """Seconds per update from a timing run's log: the mean of 1 / fairseq's updates per second
-    over its log lines after the first, the interval lines or, where an epoch is shorter than an
-    interval, the epochs' own lines.
+    """Seconds per update from a timing run's log: the mean of 1 / fairseq's updates per second over its log
+    lines after the first, the interval lines or, where an epoch is shorter than an interval, the epochs' own
+    lines.
 
-    Args:
-        output: fairseq-train's output.
-        log_path: its log file, for the message.
-
-    Returns:
-        Seconds per update.
-
-    Raises:
-        PipelineError: the log gives no rate.
+    Args: output: fairseq-train's output; log_path: its log file, for the message.
+    Returns: Seconds per update.
+    Raises PipelineError: the log gives no rate.
     """
     from fairseq_entmax.analysis.training_log import stats_of_line  # imports torch: only when timing
 
@@ -305,28 +267,24 @@ def training_threads(threads):
 
 
 def planned_updates(size, training_tokens, patience):
-    """The updates a model is expected to train: where the patience typically stops it, or
-    the cap (size["max_update"]) where that comes first or there is no patience."""
+    """The updates a model is expected to train: where the patience typically stops it, or the cap
+    (size["max_update"]) where that comes first or there is no patience.
+    """
     cap = size["max_update"]
     return min(cap, expected_updates(training_tokens, size["max_tokens"])) if patience else cap
 
 
 def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, patience=PATIENCE, threads=1):
-    """The lines printed before training on a user's corpus: sizes, the time they take, and a
-    warning when the cap is likely to stop the models before they converge.
+    """The lines printed before training on a user's corpus: sizes, the time they take, and a warning when the
+    cap is likely to stop the models before they converge.
 
-    Args:
-        size: the run's sizes (OWN_CORPUS with bpe_merges and max_update, the cap, filled in).
-        counts: {split: number of pairs} of the corpus.
-        training_tokens: what a pass over the training data costs (count_training_tokens).
-        rates: {normalizer: seconds per update} of the models to train, timed on this machine
-            (timing_steps).
-        max_update_given: whether --max-update set the cap (the plan says so).
-        patience: the epochs without a better validation accuracy that stop a model (0: none).
-        threads: fairseq-train's threads (training_threads).
-
-    Returns:
-        Lines of text: the plan, the estimate, and the warning where it applies.
+    Args: size: the run's sizes (OWN_CORPUS with bpe_merges and max_update, the cap, filled in); counts:
+    {split: number of pairs} of the corpus; training_tokens: what a pass over the training data costs
+    (count_training_tokens); rates: {normalizer: seconds per update} of the models to train, timed on this
+    machine (timing_steps); max_update_given: whether --max-update set the cap (the plan says so); patience:
+    the epochs without a better validation accuracy that stop a model (0: none); threads: fairseq-train's
+    threads (training_threads).
+    Returns: Lines of text: the plan, the estimate, and the warning where it applies.
     """
     cap, merges, max_tokens = size["max_update"], size["bpe_merges"], size["max_tokens"]
     how = (
@@ -379,14 +337,10 @@ def own_corpus_plan(size, counts, training_tokens, rates, max_update_given, pati
 def convergence_note(rows, max_update, patience=PATIENCE):
     """What the table says of how its models stopped.
 
-    Args:
-        rows: the result rows, with training_summary's stopped_early.
-        max_update: the cap.
-        patience: the epochs without a better validation accuracy that stop a model (0: none).
-
-    Returns:
-        A sentence; it says that the comparison is of unconverged models when any model
-        stopped at the cap.
+    Args: rows: the result rows, with training_summary's stopped_early; max_update: the cap; patience: the
+    epochs without a better validation accuracy that stop a model (0: none).
+    Returns: A sentence; it says that the comparison is of unconverged models when any model stopped at the
+    cap.
     """
     at_cap = [row["model"] for row in rows if not row.get("stopped_early")]
     if not at_cap:
@@ -409,11 +363,8 @@ def convergence_note(rows, max_update, patience=PATIENCE):
 def parse_args(argv=None):
     """The quickstart's command line.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        An argparse.Namespace; argparse exits with status 2 on a bad command line.
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: An argparse.Namespace; argparse exits with status 2 on a bad command line.
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -478,25 +429,18 @@ def parse_args(argv=None):
 def main(argv=None):
     """The quickstart, as `python -m examples.quickstart.quickstart` runs it.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        The exit status: 0, or 2 with a message when an input or a stage fails.
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: The exit status: 0, or 2 with a message when an input or a stage fails.
     """
     return run_reporting_errors(run, parse_args(argv))
 
 
 def run_size(args):
-    """The sizes of this run: the toy pair's, --tiny's or a user's corpus's, with the command
-    line's overrides.
+    """The sizes of this run: the toy pair's, --tiny's or a user's corpus's, with the command line's overrides.
 
-    Args:
-        args: the command line.
-
-    Returns:
-        A dict of sizes (SIZES' keys); a user's corpus gets bpe_merges and max_update once its
-        size is known.
+    Args: args: the command line.
+    Returns: A dict of sizes (SIZES' keys); a user's corpus gets bpe_merges and max_update once its size is
+    known.
     """
     # Sized to the corpus: a user's corpus at full size (the toy pair and --tiny have fixed sizes).
     sized = args.data is not None and not args.tiny
@@ -509,16 +453,12 @@ def run_size(args):
 
 
 def train_settings(args, size, patience):
-    """The TrainSettings every normalizer trains with. On a user's corpus each model trains until
-    its validation accuracy stops improving; the toy pair trains for its fixed updates.
+    """The TrainSettings every normalizer trains with. On a user's corpus each model trains until its validation
+    accuracy stops improving; the toy pair trains for its fixed updates.
 
-    Args:
-        args: the command line.
-        size: the run's sizes, complete.
-        patience: validations without a better accuracy before stopping (0: none).
-
-    Returns:
-        A TrainSettings.
+    Args: args: the command line; size: the run's sizes, complete; patience: validations without a better
+    accuracy before stopping (0: none).
+    Returns: A TrainSettings.
     """
     stopping = {"patience": patience, "best_metric": "accuracy"} if args.data is not None else {}
     return TrainSettings(
@@ -538,14 +478,11 @@ def train_settings(args, size, patience):
 
 
 def run(args):
-    """Every stage (or, with --dry-run, their lines), then the table, printed and written to
-    the work dir's results.md. What ran is appended to the work dir's commands.log.
+    """Every stage (or, with --dry-run, their lines), then the table, printed and written to the work dir's
+    results.md. What ran is appended to the work dir's commands.log.
 
-    Args:
-        args: the command line, as parse_args returns it.
-
-    Raises:
-        PipelineError: a bad corpus, or a dry run on a corpus whose cap is to be sized.
+    Args: args: the command line, as parse_args returns it.
+    Raises PipelineError: a bad corpus, or a dry run on a corpus whose cap is to be sized.
     """
     own_corpus = args.data is not None
     patience = (PATIENCE if args.patience is None else args.patience) if own_corpus else 0
@@ -583,11 +520,8 @@ def run(args):
 class Corpus:
     """The run's corpus: the user's, or the toy pair written into the work dir.
 
-    Attributes:
-        raw_dir: its folder, {train,valid,test}.{src,tgt}.
-        src: the source language suffix.
-        tgt: the target language suffix.
-        counts: {split: lines}, once checked.
+    Attributes: raw_dir: its folder, {train,valid,test}.{src,tgt}; src: the source language suffix; tgt: the
+    target language suffix; counts: {split: lines}, once checked.
     """
 
     raw_dir: Path
@@ -608,21 +542,14 @@ class Corpus:
 
 
 def quickstart_steps(args, work, size, patience, corpus, rows):
-    """The quickstart's steps: the toy corpus, the dataset, (on a user's corpus) the timing and
-    the plan, each model trained, translating the test set and scored, then the attention
-    analysis. A run executes each step before the next is made: a user's corpus gets its cap
-    (size["max_update"]) from the BPE-segmented corpus.
+    """The quickstart's steps: the toy corpus, the dataset, (on a user's corpus) the timing and the plan, each
+    model trained, translating the test set and scored, then the attention analysis. A run executes each step
+    before the next is made: a user's corpus gets its cap (size["max_update"]) from the BPE-segmented corpus.
 
-    Args:
-        args: the command line.
-        work: the work folder.
-        size: the run's sizes (run_size), bpe_merges set.
-        patience: the patience of the models (0: none).
-        corpus: the Corpus.
-        rows: the list the score steps append their result rows to.
-
-    Yields:
-        Steps.
+    Args: args: the command line; work: the work folder; size: the run's sizes (run_size), bpe_merges set;
+    patience: the patience of the models (0: none); corpus: the Corpus; rows: the list the score steps append
+    their result rows to.
+    Yields: Steps.
     """
     own_corpus, sized, cpu = args.data is not None, args.data is not None and not args.tiny, use_cpu()
     started, projected = time.monotonic(), False
@@ -675,8 +602,9 @@ def quickstart_steps(args, work, size, patience, corpus, rows):
 
 
 def projection_line(rates, row, remaining, updates, started, model_started):
-    """The line that projects the run's total once its first model is trained and evaluated
-    (projected_seconds, each model left training `updates`), with what the projection rests on."""
+    """The line that projects the run's total once its first model is trained and evaluated (projected_seconds,
+    each model left training `updates`), with what the projection rests on.
+    """
     now = time.monotonic()
     evaluation = max(0.0, now - model_started - row["train_seconds"])
     done = (row["model"], row["updates"], row["train_seconds"], evaluation)
@@ -706,8 +634,9 @@ def toy_corpus_step(corpus, size):
 
 
 def plan_step(args, size, patience, corpus, rates, training_tokens):
-    """The step that prints the plan and the estimate from the timed rates (own_corpus_plan);
-    training_tokens() gives what a pass over the training data costs."""
+    """The step that prints the plan and the estimate from the timed rates (own_corpus_plan); training_tokens()
+    gives what a pass over the training data costs.
+    """
 
     def show_plan():
         tokens, threads = training_tokens(), training_threads(args.threads)
@@ -720,8 +649,9 @@ def plan_step(args, size, patience, corpus, rates, training_tokens):
 
 
 def model_analysis_step(args, work, data_bin, rows, select):
-    """The step of the attention analysis of every model: density and learned alphas for the
-    table, figures on disk (fairseq-entmax-analyze)."""
+    """The step of the attention analysis of every model: density and learned alphas for the table, figures on
+    disk (fairseq-entmax-analyze).
+    """
     checkpoints = {name: work / "models" / f"{name}-seed1" / f"checkpoint_{select}.pt" for name in args.models}
 
     def add_to_rows(analysis):
@@ -737,13 +667,8 @@ def model_analysis_step(args, work, data_bin, rows, select):
 def write_results(args, work, rows, corpus, max_update, patience):
     """Print the table and write it to the work dir (results.md, results.json).
 
-    Args:
-        args: the command line.
-        work: the work folder.
-        rows: the result rows, analysis included.
-        corpus: the Corpus.
-        max_update: the update cap the models trained with.
-        patience: the patience they trained with.
+    Args: args: the command line; work: the work folder; rows: the result rows, analysis included; corpus: the
+    Corpus; max_update: the update cap the models trained with; patience: the patience they trained with.
     """
     own_corpus = args.data is not None
     counts = corpus.counts or check_parallel_corpus(corpus.files())  # the toy pair's is counted once written

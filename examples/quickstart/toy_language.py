@@ -75,11 +75,8 @@ class ToyLanguagePair:
     def sentence_pair(self, rng):
         """One random sentence and its translation.
 
-        Args:
-            rng: a random.Random.
-
-        Returns:
-            (source sentence, target sentence), words separated by spaces.
+        Args: rng: a random.Random.
+        Returns: (source sentence, target sentence), words separated by spaces.
         """
         subject, subject_t = self._noun_phrase(rng)
         obj, obj_t = self._noun_phrase(rng)
@@ -97,18 +94,12 @@ class ToyLanguagePair:
 
 
 def write_toy_corpus(directory, n_train=20000, n_valid=500, n_test=500, seed=0):
-    """Write the toy corpus: train/valid/test.{svo,sov}. The splits never share a sentence
-    pair, so test BLEU measures generalisation.
+    """Write the toy corpus: train/valid/test.{svo,sov}. The splits never share a sentence pair, so test BLEU
+    measures generalisation.
 
-    Args:
-        directory: where the files are written (made if missing).
-        n_train: training pairs.
-        n_valid: validation pairs.
-        n_test: test pairs.
-        seed: the seed of the lexicon and of the sentences.
-
-    Returns:
-        (directory, source language, target language): (a Path, "svo", "sov").
+    Args: directory: where the files are written (made if missing); n_train: training pairs; n_valid:
+    validation pairs; n_test: test pairs; seed: the seed of the lexicon and of the sentences.
+    Returns: (directory, source language, target language): (a Path, "svo", "sov").
     """
     pair = ToyLanguagePair(seed=seed)
     rng = random.Random(seed + 1)

@@ -48,20 +48,14 @@ def _sha256(path):
 def fetch_multi30k(cache_dir=DEFAULT_CACHE, source=OFFICIAL_SOURCE):
     """The folder of Multi30k's train/valid/test.{de,en}, downloading the files not cached yet.
 
-    Each file is written under a temporary name, gunzipped, and renamed into the cache only
-    once its checksum matches: the cache never holds a partial or unchecked file.
+    Each file is written under a temporary name, gunzipped, and renamed into the cache only once its checksum
+    matches: the cache never holds a partial or unchecked file.
 
-    Args:
-        cache_dir: the cache folder (created if needed).
-        source: where the official `<stem>.<lang>.gz` files are: a URL (https://, file://) or
-            a local folder.
-
-    Returns:
-        cache_dir, a Path.
-
-    Raises:
-        PipelineError: a file cannot be downloaded (offline, not found, not gzip) or its
-            checksum differs; the message names the file, the URL and `--data DIR`.
+    Args: cache_dir: the cache folder (created if needed); source: where the official `<stem>.<lang>.gz` files
+    are: a URL (https://, file://) or a local folder.
+    Returns: cache_dir, a Path.
+    Raises PipelineError: a file cannot be downloaded (offline, not found, not gzip) or its checksum differs;
+    the message names the file, the URL and `--data DIR`.
     """
     cache_dir = Path(cache_dir)
     for split, stem in OFFICIAL_STEMS.items():

@@ -125,17 +125,12 @@ CONFIDENCE = 0.95
 
 
 def model_spec(text):
-    """One --models entry: a normalizer, or a normalizer with its own seeds ("sparsemax:1",
-    "topk:1,3"), which replace --seeds for it.
+    """One --models entry: a normalizer, or a normalizer with its own seeds ("sparsemax:1", "topk:1,3"), which
+    replace --seeds for it.
 
-    Args:
-        text: the entry as given.
-
-    Returns:
-        (normalizer, seeds): seeds a tuple of ints, or None for those of --seeds.
-
-    Raises:
-        argparse.ArgumentTypeError: an unknown normalizer or a seed that is not an integer.
+    Args: text: the entry as given.
+    Returns: (normalizer, seeds): seeds a tuple of ints, or None for those of --seeds.
+    Raises argparse.ArgumentTypeError: an unknown normalizer or a seed that is not an integer.
     """
     normalizer, _, seeds = text.partition(":")
     if normalizer not in NORMALIZER_NAMES:
@@ -153,13 +148,10 @@ def model_spec(text):
 def planned_runs(models, seeds):
     """The (normalizer, seed) pairs to train and report.
 
-    Args:
-        models: model_spec's (normalizer, seeds or None) pairs, in the order given.
-        seeds: the seeds of the normalizers given without their own.
-
-    Returns:
-        The pairs, seed by seed (the models of seed 1 first, as the trainings run), each
-        normalizer in the order given, without repeats.
+    Args: models: model_spec's (normalizer, seeds or None) pairs, in the order given; seeds: the seeds of the
+    normalizers given without their own.
+    Returns: The pairs, seed by seed (the models of seed 1 first, as the trainings run), each normalizer in
+    the order given, without repeats.
     """
     wanted = []
     for normalizer, own_seeds in models:
@@ -173,11 +165,8 @@ def planned_runs(models, seeds):
 def parse_args(argv=None):
     """The reproduction's command line.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        An argparse.Namespace (`data` None: Multi30k from the cache).
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: An argparse.Namespace (`data` None: Multi30k from the cache).
     """
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="converged")
@@ -227,11 +216,8 @@ def parse_args(argv=None):
 def main(argv=None):
     """The reproduction, as `python -m examples.reproduction.reduced_scale` runs it.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        The exit status: 0, or 2 (1 for a failing tool) with a message.
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: The exit status: 0, or 2 (1 for a failing tool) with a message.
     """
     return run_reporting_errors(run, parse_args(argv))
 
@@ -244,11 +230,8 @@ def _take_lines(in_path, out_path, n):
 def budget_settings(budget):
     """The TrainSettings of a budget.
 
-    Args:
-        budget: an entry of BUDGETS, after the command line's overrides.
-
-    Returns:
-        A TrainSettings.
+    Args: budget: an entry of BUDGETS, after the command line's overrides.
+    Returns: A TrainSettings.
     """
     return TrainSettings(
         arch="adaptively_sparse_transformer",
@@ -267,11 +250,10 @@ def budget_settings(budget):
 
 
 def run(args):
-    """Every stage (or, with --dry-run, their lines), then the report, printed and written to
-    the work dir's results.md. What ran is appended to the work dir's commands.log.
+    """Every stage (or, with --dry-run, their lines), then the report, printed and written to the work dir's
+    results.md. What ran is appended to the work dir's commands.log.
 
-    Args:
-        args: the command line, as parse_args returns it.
+    Args: args: the command line, as parse_args returns it.
     """
     budget = dict(BUDGETS[args.budget])
     for option in ("max_update", "patience", "lr"):
@@ -295,15 +277,10 @@ def run(args):
 def experiment_steps(args, budget, work, rows, done):
     """The reproduction's steps: the corpus, the dataset, every model, the analysis.
 
-    Args:
-        args: the command line.
-        budget: the budget, with the command line's overrides.
-        work: the work folder.
-        rows: the list the models' score steps append their result rows to.
-        done: a dict the steps fill: "counts" ({split: pairs}).
-
-    Returns:
-        The Steps, a list.
+    Args: args: the command line; budget: the budget, with the command line's overrides; work: the work
+    folder; rows: the list the models' score steps append their result rows to; done: a dict the steps fill:
+    "counts" ({split: pairs}).
+    Returns: The Steps, a list.
     """
     data, raw_dir = args.data or Path(args.cache_dir), work / "raw"
     steps = []
@@ -354,20 +331,13 @@ def experiment_steps(args, budget, work, rows, done):
 
 
 def prepare_corpus(data, raw_dir, limits, budget_name):
-    """The first lines of each split of the corpus, in raw_dir (skipped when prepared from the
-    same data and limits), checked.
+    """The first lines of each split of the corpus, in raw_dir (skipped when prepared from the same data and
+    limits), checked.
 
-    Args:
-        data: the folder of train/valid/test.{de,en}.
-        raw_dir: where the lines are written.
-        limits: {split: lines, or None for all}.
-        budget_name: the budget, for the log line.
-
-    Returns:
-        {split: pairs}.
-
-    Raises:
-        PipelineError: the corpus is not line-aligned, or raw_dir was prepared from other data.
+    Args: data: the folder of train/valid/test.{de,en}; raw_dir: where the lines are written; limits: {split:
+    lines, or None for all}; budget_name: the budget, for the log line.
+    Returns: {split: pairs}.
+    Raises PipelineError: the corpus is not line-aligned, or raw_dir was prepared from other data.
     """
     files = {s: (data / f"{s}.{SRC}", data / f"{s}.{TGT}") for s in SPLITS}
     check_parallel_corpus(files)
@@ -387,12 +357,8 @@ def prepare_corpus(data, raw_dir, limits, budget_name):
 def report(args, budget, work, rows, done):
     """The report of a finished run: printed, and written to results.md and results.json.
 
-    Args:
-        args: the command line.
-        budget: the budget, with the command line's overrides.
-        work: the work folder.
-        rows: the result rows, analysis included.
-        done: what the steps recorded (experiment_steps).
+    Args: args: the command line; budget: the budget, with the command line's overrides; work: the work
+    folder; rows: the result rows, analysis included; done: what the steps recorded (experiment_steps).
     """
     references_raw = read_lines(work / "raw" / f"test.{TGT}")
     names = {f"{r['model']}-seed{r['seed']}": r for r in rows}
@@ -415,8 +381,9 @@ def report(args, budget, work, rows, done):
 
 
 def _quiet_libraries():
-    """Importing fairseq_entmax imports fairseq, which sets the root logger to INFO: keep
-    sacreBLEU's and matplotlib's chatter out of the report."""
+    """Importing fairseq_entmax imports fairseq, which sets the root logger to INFO: keep sacreBLEU's and
+    matplotlib's chatter out of the report.
+    """
     for name in ("sacrebleu", "matplotlib"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -424,11 +391,8 @@ def _quiet_libraries():
 def validation_curve(train_log):
     """The run's validations, as fairseq logged them.
 
-    Args:
-        train_log: fairseq-train's log file.
-
-    Returns:
-        The curve, as fairseq_entmax.analysis.training_log.read_validation_curve returns it.
+    Args: train_log: fairseq-train's log file.
+    Returns: The curve, as fairseq_entmax.analysis.training_log.read_validation_curve returns it.
     """
     from fairseq_entmax.analysis.training_log import read_validation_curve
 
@@ -436,18 +400,13 @@ def validation_curve(train_log):
 
 
 def paired_bootstrap(rows, work, references_raw, n_samples=1000):
-    """sacreBLEU's paired bootstrap resampling (--paired-bs, its fixed seed) of each sparse
-    normalizer against softmax of the same seed, on the detokenised test translations.
+    """sacreBLEU's paired bootstrap resampling (--paired-bs, its fixed seed) of each sparse normalizer against
+    softmax of the same seed, on the detokenised test translations.
 
-    Args:
-        rows: the result rows (evaluation.model_steps'), with their hypotheses files.
-        work: the work folder.
-        references_raw: the test references as the corpus has them.
-        n_samples: the bootstrap samples.
-
-    Returns:
-        A list of dicts, one per seed and sparse normalizer: seed, model, baseline, bleu,
-        bleu_baseline, bleu_p, chrf, chrf_baseline, chrf_p (p: the p-value of the difference).
+    Args: rows: the result rows (evaluation.model_steps'), with their hypotheses files; work: the work folder;
+    references_raw: the test references as the corpus has them; n_samples: the bootstrap samples.
+    Returns: A list of dicts, one per seed and sparse normalizer: seed, model, baseline, bleu, bleu_baseline,
+    bleu_p, chrf, chrf_baseline, chrf_p (p: the p-value of the difference).
     """
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
@@ -483,15 +442,10 @@ def paired_bootstrap(rows, work, references_raw, n_samples=1000):
 
 
 def learning_curves_figure(curves, path):
-    """The learning curves figure: validation perplexity and accuracy per update, mean over
-    seeds per normalizer.
+    """The learning curves figure: validation perplexity and accuracy per update, mean over seeds per normalizer.
 
-    Args:
-        curves: {run name ("<normalizer>-seed<N>"): validation curve}.
-        path: the PNG to write.
-
-    Returns:
-        `path`, or None when no curve has a validation.
+    Args: curves: {run name ("<normalizer>-seed<N>"): validation curve}; path: the PNG to write.
+    Returns: `path`, or None when no curve has a validation.
     """
     from fairseq_entmax.analysis.plots import plot_learning_curves
     from fairseq_entmax.analysis.training_log import group_by_normalizer
@@ -512,14 +466,11 @@ def _mean_spread(values, digits=2):
 def paired_interval(differences, confidence=CONFIDENCE):
     """The mean of paired differences with its t-interval.
 
-    Args:
-        differences: one difference per seed (normalizer minus baseline).
-        confidence: the interval's coverage.
-
-    Returns:
-        {"n", "mean", "sd", "low", "high"}: the mean difference and the interval mean ± t *
-        sd / sqrt(n), t the (1 + confidence) / 2 quantile of Student's t with n - 1 degrees of
-        freedom; sd, low and high are None below two differences (mean too for none).
+    Args: differences: one difference per seed (normalizer minus baseline); confidence: the interval's
+    coverage.
+    Returns: {"n", "mean", "sd", "low", "high"}: the mean difference and the interval mean ± t * sd / sqrt(n),
+    t the (1 + confidence) / 2 quantile of Student's t with n - 1 degrees of freedom; sd, low and high are
+    None below two differences (mean too for none).
     """
     n = len(differences)
     result = {"n": n, "mean": statistics.mean(differences) if n else None, "sd": None, "low": None, "high": None}
@@ -533,15 +484,11 @@ def paired_interval(differences, confidence=CONFIDENCE):
 def paired_differences(rows, metric, baseline=BASELINE):
     """Each normalizer's difference to the baseline of the same seed, with its interval.
 
-    Args:
-        rows: the result rows (model, seed and `metric` each).
-        metric: the row key compared ("bleu", "chrf", "best_valid_accuracy", ...).
-        baseline: the normalizer compared against.
-
-    Returns:
-        {normalizer: {"seeds", "differences", **paired_interval}} over the seeds where both the
-        normalizer and the baseline have a value, normalizers in the order of the rows; a normalizer
-        with no such seed is left out.
+    Args: rows: the result rows (model, seed and `metric` each); metric: the row key compared ("bleu", "chrf",
+    "best_valid_accuracy", ...); baseline: the normalizer compared against.
+    Returns: {normalizer: {"seeds", "differences", **paired_interval}} over the seeds where both the
+    normalizer and the baseline have a value, normalizers in the order of the rows; a normalizer with no such
+    seed is left out.
     """
     values = {}
     for row in rows:
@@ -561,13 +508,9 @@ def paired_differences(rows, metric, baseline=BASELINE):
 def format_difference(entry, digits=2):
     """A paired difference as the report shows it.
 
-    Args:
-        entry: a normalizer's entry of paired_differences, or None.
-        digits: decimals.
-
-    Returns:
-        "+0.26 [-1.23, +1.75]" (the mean and the interval), "+0.95 (1 seed)" without an
-        interval, "-" without a difference.
+    Args: entry: a normalizer's entry of paired_differences, or None; digits: decimals.
+    Returns: "+0.26 [-1.23, +1.75]" (the mean and the interval), "+0.95 (1 seed)" without an interval, "-"
+    without a difference.
     """
     if entry is None:
         return "-"
@@ -580,12 +523,8 @@ def format_difference(entry, digits=2):
 def paired_differences_table(rows, baseline=BASELINE):
     """The table of the differences to the baseline, one line per other normalizer.
 
-    Args:
-        rows: the result rows.
-        baseline: the normalizer compared against.
-
-    Returns:
-        The Markdown lines; empty when no normalizer shares a seed with the baseline.
+    Args: rows: the result rows; baseline: the normalizer compared against.
+    Returns: The Markdown lines; empty when no normalizer shares a seed with the baseline.
     """
     differences = {metric: paired_differences(rows, metric, baseline) for metric, _ in PAIRED_METRICS}
     normalizers = list(differences["bleu"])
@@ -607,15 +546,12 @@ SPECIALISED_HEADS = (("positional", "positional"), ("bpe_merging", "BPE-merging"
 
 
 def heads_table(by_normalizer):
-    """The attention analysis per normalizer: density and head diversity per attention type, and
-    the specialised heads found, each the mean ± standard deviation over seeds.
+    """The attention analysis per normalizer: density and head diversity per attention type, and the specialised
+    heads found, each the mean ± standard deviation over seeds.
 
-    Args:
-        by_normalizer: {normalizer: its result rows}, with the analysis's density, js and
-            specialised_heads (fairseq_entmax.pipeline.attention_analysis.analyze).
-
-    Returns:
-        The Markdown lines; empty when no row has an analysis.
+    Args: by_normalizer: {normalizer: its result rows}, with the analysis's density, js and specialised_heads
+    (fairseq_entmax.pipeline.attention_analysis.analyze).
+    Returns: The Markdown lines; empty when no row has an analysis.
     """
     from fairseq_entmax.names import ATTENTION_TYPES
 
@@ -638,12 +574,8 @@ def heads_table(by_normalizer):
 def group_by_model(rows, baseline=BASELINE):
     """The result rows per normalizer, the baseline first, then in the order of the rows.
 
-    Args:
-        rows: the result rows.
-        baseline: the normalizer put first.
-
-    Returns:
-        {normalizer: [rows]}.
+    Args: rows: the result rows; baseline: the normalizer put first.
+    Returns: {normalizer: [rows]}.
     """
     by_normalizer = {}
     for row in sorted(rows, key=lambda r: r["model"] != baseline):
@@ -654,11 +586,8 @@ def group_by_model(rows, baseline=BASELINE):
 def normalizer_rows(by_normalizer):
     """The rows of the report's table per normalizer: mean ± spread over its seeds.
 
-    Args:
-        by_normalizer: {normalizer: [result rows]} (group_by_model).
-
-    Returns:
-        Markdown table rows, one per normalizer.
+    Args: by_normalizer: {normalizer: [result rows]} (group_by_model).
+    Returns: Markdown table rows, one per normalizer.
     """
     lines = []
     for normalizer, group in by_normalizer.items():
@@ -679,11 +608,8 @@ def normalizer_rows(by_normalizer):
 def significance_table(significance):
     """The paired bootstrap against softmax, for the report.
 
-    Args:
-        significance: paired_bootstrap's results, not empty.
-
-    Returns:
-        Lines: the heading sentence, a blank line and a Markdown table.
+    Args: significance: paired_bootstrap's results, not empty.
+    Returns: Lines: the heading sentence, a blank line and a Markdown table.
     """
     lines = [
         "Paired bootstrap resampling against softmax of the same seed (sacreBLEU, 1000 samples, "
@@ -701,20 +627,14 @@ def significance_table(significance):
 
 
 def summarize(rows, args, counts, budget, significance, figure):
-    """The report: the table per normalizer (mean ± spread over seeds), the differences to softmax
-    paired by seed with their intervals, the paired bootstrap, the attention analysis per
-    normalizer, the table per run and the signatures.
+    """The report: the table per normalizer (mean ± spread over seeds), the differences to softmax paired by seed
+    with their intervals, the paired bootstrap, the attention analysis per normalizer, the table per run and
+    the signatures.
 
-    Args:
-        rows: the result rows, with the analysis and the training summary.
-        args: the command line.
-        counts: {split: number of pairs}.
-        budget: the budget run, after overrides.
-        significance: paired_bootstrap's results ([]: none).
-        figure: the learning curves' path, or None.
-
-    Returns:
-        The report, Markdown.
+    Args: rows: the result rows, with the analysis and the training summary; args: the command line; counts:
+    {split: number of pairs}; budget: the budget run, after overrides; significance: paired_bootstrap's
+    results ([]: none); figure: the learning curves' path, or None.
+    Returns: The report, Markdown.
     """
     by_normalizer = group_by_model(rows)
     selection = {

@@ -36,15 +36,9 @@ PRETOKENIZED_TASKS = ("kftt", "iwslt14")
 def download(url, dest):
     """Fetch a file (skipped when it exists: put files there by hand when offline).
 
-    Args:
-        url: what to fetch.
-        dest: where to write it (written under a .part name first).
-
-    Returns:
-        `dest`, a Path.
-
-    Raises:
-        PipelineError: the download failed; the message says where to put the file by hand.
+    Args: url: what to fetch; dest: where to write it (written under a .part name first).
+    Returns: `dest`, a Path.
+    Raises PipelineError: the download failed; the message says where to put the file by hand.
     """
     dest = Path(dest)
     if dest.exists():
@@ -78,9 +72,10 @@ def _split_lines(text):
 
 
 def _member_lines(archive, tail):
-    """Lines of the one file inside a .tgz/.tar.gz/.zip archive whose path ends with `tail`
-    (a file name, or the folders above it too where the archive holds several files of that
-    name, as KFTT's data/orig and data/tok do)."""
+    """Lines of the one file inside a .tgz/.tar.gz/.zip archive whose path ends with `tail` (a file name, or the
+    folders above it too where the archive holds several files of that name, as KFTT's data/orig and data/tok
+    do).
+    """
     archive = Path(archive)
 
     def matching(names):
@@ -137,30 +132,22 @@ def _sacrebleu_set(test_set, src, tgt, out_dir, split):
 
 
 def iwslt_training_lines(archive, lang):
-    """The sentences of WIT3's train.tags file: it interleaves talk metadata lines (<url>,
-    <talkid>, <title>, ...) with them; both sides have the same metadata lines, so dropping
-    them keeps the alignment.
+    """The sentences of WIT3's train.tags file: it interleaves talk metadata lines (<url>, <talkid>, <title>,
+    ...) with them; both sides have the same metadata lines, so dropping them keeps the alignment.
 
-    Args:
-        archive: WIT3's de-en.tgz.
-        lang: "de" or "en".
-
-    Returns:
-        The sentences, a list.
+    Args: archive: WIT3's de-en.tgz; lang: "de" or "en".
+    Returns: The sentences, a list.
     """
     lines = _member_lines(archive, f"train.tags.de-en.{lang}")
     return [line for line in lines if not line.lstrip().startswith("<")]
 
 
 def prepare_iwslt17(downloads, out_dir, src, tgt):
-    """train: WIT3 2017-01-trnted de-en.tgz train.tags (metadata lines dropped); valid: dev2010;
-    test: tst2015 (both through sacreBLEU, which reads the xml files of the same archive).
+    """train: WIT3 2017-01-trnted de-en.tgz train.tags (metadata lines dropped); valid: dev2010; test: tst2015
+    (both through sacreBLEU, which reads the xml files of the same archive).
 
-    Args:
-        downloads: the folder of the downloaded archives.
-        out_dir: where {train,valid,test}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
+    Args: downloads: the folder of the downloaded archives; out_dir: where {train,valid,test}.{SRC,TGT} are
+    written; src: the source language; tgt: the target language.
     """
     downloads = Path(downloads)
     for lang in ("de", "en"):
@@ -173,8 +160,8 @@ def prepare_iwslt17(downloads, out_dir, src, tgt):
 
 
 def prepare_kftt(downloads, out_dir, src, tgt):
-    """KFTT 1.0 (kftt-data-1.0.tar.gz), as the paper's ~300k training pairs are its cleaned,
-    tokenised training set:
+    """KFTT 1.0 (kftt-data-1.0.tar.gz), as the paper's ~300k training pairs are its cleaned, tokenised training
+    set:
 
       out_dir/train.{ja,en}       kftt-data-1.0/data/tok/kyoto-train.cln.{ja,en}
       out_dir/valid.{ja,en}       kftt-data-1.0/data/tok/kyoto-dev.{ja,en}
@@ -182,10 +169,9 @@ def prepare_kftt(downloads, out_dir, src, tgt):
       out_dir/test.orig.{ja,en}   kftt-data-1.0/data/orig/kyoto-test.{ja,en}  (untokenised: the
                                   references sacreBLEU scores against)
 
-    The archive holds data/orig/kyoto-{train,tune,dev,test}.{ja,en} (the untokenised text) and
-    data/tok/ with the same names plus kyoto-train.cln.{ja,en}; kyoto-tune is not used here.
-    data/tok is already tokenised, so the recipe does not tokenise KFTT again
-    (PRETOKENIZED_TASKS).
+    The archive holds data/orig/kyoto-{train,tune,dev,test}.{ja,en} (the untokenised text) and data/tok/ with
+    the same names plus kyoto-train.cln.{ja,en}; kyoto-tune is not used here. data/tok is already tokenised,
+    so the recipe does not tokenise KFTT again (PRETOKENIZED_TASKS).
 
     What public material confirms about data/tok (the KFTT page itself could not be read):
     - It is tokenised and NOT lowercased: code that reads data/tok/kyoto-train.cln.en shows its
@@ -201,14 +187,9 @@ def prepare_kftt(downloads, out_dir, src, tgt):
     kyoto-train.cln from kyoto-train (a sentence-length limit, by the sizes ~330k of ~440k
     pairs; the limit itself is unverified).
 
-    Args:
-        downloads: the folder of the downloaded archives.
-        out_dir: where {train,valid,test}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
-
-    Raises:
-        PipelineError: the archive's untokenised and tokenised test sets differ in length.
+    Args: downloads: the folder of the downloaded archives; out_dir: where {train,valid,test}.{SRC,TGT} are
+    written; src: the source language; tgt: the target language.
+    Raises PipelineError: the archive's untokenised and tokenised test sets differ in length.
     """
     archive = Path(downloads) / "kftt-data-1.0.tar.gz"
     for split, name in (("train", "train.cln"), ("valid", "dev"), ("test", "test")):
@@ -258,35 +239,28 @@ def _punct_normalizer(lang):
 
 
 def remove_non_printing(line):
-    """Moses' remove-non-printing-char.perl: every character of Unicode category C (control,
-    format such as zero-width space or byte-order mark, private use, unassigned) becomes a
-    space; runs of spaces are then squeezed.
+    """Moses' remove-non-printing-char.perl: every character of Unicode category C (control, format such as
+    zero-width space or byte-order mark, private use, unassigned) becomes a space; runs of spaces are then
+    squeezed.
 
-    Args:
-        line: a sentence.
-
-    Returns:
-        The sentence, stripped.
+    Args: line: a sentence.
+    Returns: The sentence, stripped.
     """
     line = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in line)
     return _SPACES.sub(" ", line).strip()
 
 
 def normalize_romanian(line):
-    """The Romanian side of the usual WMT16 ro-en preparation: Moses punctuation normalisation
-    (sacremoses' MosesPunctNormalizer(lang="ro"), e.g. „ ” “ -> ", – -> -), non-printing
-    characters removed (Moses' remove-non-printing-char.perl, which XLM/fairseq/mBART run here;
-    wmt16-scripts' sample/preprocess.sh does not), s/t-cedilla made s/t-comma
-    (normalise-romanian.py), then the diacritics removed (remove-diacritics.py): ș ş -> s,
-    ț ţ -> t, ă â -> a, î -> i, and the capitals likewise. Moses tokenisation comes later, in
-    the recipe. Letters written as a base letter plus a combining mark are left as they are, as
-    those scripts leave them.
+    """The Romanian side of the usual WMT16 ro-en preparation: Moses punctuation normalisation (sacremoses'
+    MosesPunctNormalizer(lang="ro"), e.g. „ ” “ -> ", – -> -), non-printing characters removed (Moses'
+    remove-non-printing-char.perl, which XLM/fairseq/mBART run here; wmt16-scripts' sample/preprocess.sh does
+    not), s/t-cedilla made s/t-comma (normalise-romanian.py), then the diacritics removed
+    (remove-diacritics.py): ș ş -> s, ț ţ -> t, ă â -> a, î -> i, and the capitals likewise. Moses
+    tokenisation comes later, in the recipe. Letters written as a base letter plus a combining mark are left
+    as they are, as those scripts leave them.
 
-    Args:
-        line: a Romanian sentence.
-
-    Returns:
-        The normalised sentence.
+    Args: line: a Romanian sentence.
+    Returns: The normalised sentence.
     """
     line = remove_non_printing(_punct_normalizer("ro").normalize(line))
     return line.translate(_CEDILLA_TO_COMMA).translate(_ROMANIAN_DIACRITICS)
@@ -295,11 +269,8 @@ def normalize_romanian(line):
 def normalize_english(line):
     """The English side of that preparation: Moses punctuation normalisation only.
 
-    Args:
-        line: an English sentence.
-
-    Returns:
-        The normalised sentence.
+    Args: line: an English sentence.
+    Returns: The normalised sentence.
     """
     return _punct_normalizer("en").normalize(line)
 
@@ -308,23 +279,19 @@ _WMT16_NORMALIZERS = {"ro": normalize_romanian, "en": normalize_english}
 
 
 def prepare_wmt16_ro_en(downloads, out_dir, src, tgt):
-    """train: Europarl v8 + SETimes2 (~600k pairs); valid: newsdev2016; test: newstest2016 (both
-    through sacreBLEU).
+    """train: Europarl v8 + SETimes2 (~600k pairs); valid: newsdev2016; test: newstest2016 (both through
+    sacreBLEU).
 
-    Every split is normalised as in the WMT16 ro-en systems built with Rico Sennrich's
-    wmt16-scripts (preprocess/normalise-romanian.py and remove-diacritics.py, after Moses'
-    normalize-punctuation.perl): the Romanian side with `normalize_romanian` (punctuation,
-    non-printing characters, cedilla -> comma, diacritics removed), the English side with
-    Moses punctuation normalisation only. The test set is normalised too, so BLEU into Romanian
-    is measured against a diacritic-free reference, as in those systems (and not comparable
-    with scores against the official references with diacritics); BLEU into English is measured
-    against the punctuation-normalised English reference (straight quotes for curly ones).
+    Every split is normalised as in the WMT16 ro-en systems built with Rico Sennrich's wmt16-scripts
+    (preprocess/normalise-romanian.py and remove-diacritics.py, after Moses' normalize-punctuation.perl): the
+    Romanian side with `normalize_romanian` (punctuation, non-printing characters, cedilla -> comma,
+    diacritics removed), the English side with Moses punctuation normalisation only. The test set is
+    normalised too, so BLEU into Romanian is measured against a diacritic-free reference, as in those systems
+    (and not comparable with scores against the official references with diacritics); BLEU into English is
+    measured against the punctuation-normalised English reference (straight quotes for curly ones).
 
-    Args:
-        downloads: the folder of the downloaded archives.
-        out_dir: where {train,valid,test}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
+    Args: downloads: the folder of the downloaded archives; out_dir: where {train,valid,test}.{SRC,TGT} are
+    written; src: the source language; tgt: the target language.
     """
     downloads = Path(downloads)
     for lang in ("ro", "en"):
@@ -348,14 +315,11 @@ TEXT_NORMALIZERS = {"wmt16": _WMT16_NORMALIZERS}
 
 
 def prepare_wmt14_en_de(downloads, out_dir, src, tgt):
-    """train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs), in that order;
-    valid: newstest2013; test: newstest2014 (full), both through sacreBLEU.
+    """train: Europarl v7 + CommonCrawl + News Commentary v9 (~4.5M pairs), in that order; valid: newstest2013;
+    test: newstest2014 (full), both through sacreBLEU.
 
-    Args:
-        downloads: the folder of the downloaded archives.
-        out_dir: where {train,valid,test}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
+    Args: downloads: the folder of the downloaded archives; out_dir: where {train,valid,test}.{SRC,TGT} are
+    written; src: the source language; tgt: the target language.
     """
     downloads = Path(downloads)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -392,17 +356,12 @@ _SEG_CLOSE = re.compile(r"\s*</seg>\s*")
 
 
 def iwslt14_training_lines(archive, lang):
-    """The training text of the IWSLT14 archive as prepare-iwslt14.sh reads train.tags: lines
-    holding <url>, <talkid> or <keywords> dropped, the <title> and <description> tags removed
-    and their text kept as training sentences (both sides have the same such lines, so the
-    alignment holds).
+    """The training text of the IWSLT14 archive as prepare-iwslt14.sh reads train.tags: lines holding <url>,
+    <talkid> or <keywords> dropped, the <title> and <description> tags removed and their text kept as training
+    sentences (both sides have the same such lines, so the alignment holds).
 
-    Args:
-        archive: the IWSLT14 de-en.tgz.
-        lang: "de" or "en".
-
-    Returns:
-        The lines, a list.
+    Args: archive: the IWSLT14 de-en.tgz; lang: "de" or "en".
+    Returns: The lines, a list.
     """
     lines = _member_lines(archive, f"train.tags.de-en.{lang}")
     kept = [line for line in lines if not any(tag in line for tag in ("<url>", "<talkid>", "<keywords>"))]
@@ -412,37 +371,27 @@ def iwslt14_training_lines(archive, lang):
 
 
 def iwslt14_segments(xml_lines):
-    """The sentences of an IWSLT dev/test xml file as prepare-iwslt14.sh takes them: the lines
-    holding `<seg id`, without the seg tags and the spaces next to them.
+    """The sentences of an IWSLT dev/test xml file as prepare-iwslt14.sh takes them: the lines holding `<seg id`,
+    without the seg tags and the spaces next to them.
 
-    Args:
-        xml_lines: the lines of the xml file.
-
-    Returns:
-        The sentences, a list.
+    Args: xml_lines: the lines of the xml file.
+    Returns: The sentences, a list.
     """
     return [_SEG_CLOSE.sub("", _SEG_OPEN.sub("", line)) for line in xml_lines if "<seg id" in line]
 
 
 def write_iwslt14_corpus(train, test, out_dir, src, tgt):
-    """Turn raw IWSLT text into prepare-iwslt14.sh's corpus. Training text: Moses tokenisation
-    (tokenizer.perl without -a: sacremoses, no escaping), the pairs cleaned as clean-corpus-n.perl
-    (1-175 tokens, length ratio 1.5), lowercased, then every 23rd pair the validation set and the
-    others the training set. Test text: ’ made ', tokenised and lowercased. The raw test
-    sentences are written too, as test.orig.{src,tgt}: the references sacreBLEU scores against.
+    """Turn raw IWSLT text into prepare-iwslt14.sh's corpus. Training text: Moses tokenisation (tokenizer.perl
+    without -a: sacremoses, no escaping), the pairs cleaned as clean-corpus-n.perl (1-175 tokens, length ratio
+    1.5), lowercased, then every 23rd pair the validation set and the others the training set. Test text: ’
+    made ', tokenised and lowercased. The raw test sentences are written too, as test.orig.{src,tgt}: the
+    references sacreBLEU scores against.
 
-    Args:
-        train: {lang: raw training lines}, line-aligned.
-        test: {lang: raw test sentences}, line-aligned.
-        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
-
-    Returns:
-        {"kept", "dropped"}: training pairs kept and dropped by the cleaning.
-
-    Raises:
-        PipelineError: the two sides differ in length, or cleaning left no pair.
+    Args: train: {lang: raw training lines}, line-aligned; test: {lang: raw test sentences}, line-aligned;
+    out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written; src: the source language; tgt: the
+    target language.
+    Returns: {"kept", "dropped"}: training pairs kept and dropped by the cleaning.
+    Raises PipelineError: the two sides differ in length, or cleaning left no pair.
     """
     out_dir = Path(out_dir)
     for name, text in (("training", train), ("test", test)):
@@ -470,15 +419,12 @@ def write_iwslt14_corpus(train, test, out_dir, src, tgt):
 
 
 def prepare_iwslt14(downloads, out_dir, src, tgt):
-    """IWSLT14 de-en as fairseq's prepare-iwslt14.sh builds it from the IWSLT14 de-en.tgz:
-    train and valid from train.tags, test = TED dev2010 + TEDX dev2012 + TED tst2010-2012
-    (write_iwslt14_corpus says how the text is processed).
+    """IWSLT14 de-en as fairseq's prepare-iwslt14.sh builds it from the IWSLT14 de-en.tgz: train and valid from
+    train.tags, test = TED dev2010 + TEDX dev2012 + TED tst2010-2012 (write_iwslt14_corpus says how the text
+    is processed).
 
-    Args:
-        downloads: the folder of the downloaded archive.
-        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
-        src: the source language.
-        tgt: the target language.
+    Args: downloads: the folder of the downloaded archive; out_dir: where
+    {train,valid,test,test.orig}.{SRC,TGT} are written; src: the source language; tgt: the target language.
     """
     archive = Path(downloads) / "de-en.tgz"
     train = {lang: iwslt14_training_lines(archive, lang) for lang in ("de", "en")}
@@ -497,8 +443,9 @@ def prepare_iwslt14(downloads, out_dir, src, tgt):
 
 
 def _smoke_lines(shared_data, ranges, lang):
-    """The lines of one smoke split: `ranges` is (file stem relative to shared_data, first
-    line, end line), or a list of them, concatenated; the files are f"{stem}.{lang}"."""
+    """The lines of one smoke split: `ranges` is (file stem relative to shared_data, first line, end line), or a
+    list of them, concatenated; the files are f"{stem}.{lang}".
+    """
     lines = []
     for stem, start, stop in [ranges] if isinstance(ranges, tuple) else ranges:
         path = Path(shared_data) / f"{stem}.{lang}"
@@ -512,20 +459,13 @@ def _smoke_lines(shared_data, ranges, lang):
 
 
 def write_smoke_data(task, shared_data, src, tgt, out_dir):
-    """Copy the smoke mode's line ranges of the shared real text, normalised as the task's full
-    data is.
+    """Copy the smoke mode's line ranges of the shared real text, normalised as the task's full data is.
 
-    Args:
-        task: the Task; `task.smoke.splits` maps split -> (file stem relative to shared_data,
-            first line, end line), or a list of them, concatenated; the files are
-            f"{stem}.{lang}".
-        shared_data: the folder of the shared corpora (../shared/data).
-        src: the source language.
-        tgt: the target language.
-        out_dir: where {train,valid,test}.{SRC,TGT} are written.
-
-    Raises:
-        PipelineError: a file of the shared data is missing.
+    Args: task: the Task; `task.smoke.splits` maps split -> (file stem relative to shared_data, first line,
+    end line), or a list of them, concatenated; the files are f"{stem}.{lang}"; shared_data: the folder of the
+    shared corpora (../shared/data); src: the source language; tgt: the target language; out_dir: where
+    {train,valid,test}.{SRC,TGT} are written.
+    Raises PipelineError: a file of the shared data is missing.
     """
     for split, ranges in task.smoke.splits.items():
         for lang in (src, tgt):
@@ -536,19 +476,13 @@ def write_smoke_data(task, shared_data, src, tgt, out_dir):
 
 
 def write_iwslt14_smoke_data(task, shared_data, src, tgt, out_dir):
-    """The IWSLT14 smoke corpus: the shared raw TED text of `task.smoke.splits` ("train" and
-    "test") through the processing of the full data (write_iwslt14_corpus), so that the
-    validation set is every 23rd cleaned training pair as there.
+    """The IWSLT14 smoke corpus: the shared raw TED text of `task.smoke.splits` ("train" and "test") through the
+    processing of the full data (write_iwslt14_corpus), so that the validation set is every 23rd cleaned
+    training pair as there.
 
-    Args:
-        task: the Task.
-        shared_data: the folder of the shared corpora (../shared/data).
-        src: the source language.
-        tgt: the target language.
-        out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
-
-    Raises:
-        PipelineError: a file of the shared data is missing.
+    Args: task: the Task; shared_data: the folder of the shared corpora (../shared/data); src: the source
+    language; tgt: the target language; out_dir: where {train,valid,test,test.orig}.{SRC,TGT} are written.
+    Raises PipelineError: a file of the shared data is missing.
     """
     text = {
         split: {

@@ -148,12 +148,9 @@ def _add_training_options(parser):
 def parse_args(argv=None):
     """The recipe's command line.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        An argparse.Namespace with src and tgt filled in (the paper's direction by default);
-        argparse exits with status 2 on a bad command line.
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: An argparse.Namespace with src and tgt filled in (the paper's direction by default); argparse
+    exits with status 2 on a bad command line.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -184,28 +181,20 @@ def parse_args(argv=None):
 def main(argv=None):
     """The recipe, as `python -m examples.translation.recipe` runs it.
 
-    Args:
-        argv: the arguments (default: sys.argv[1:]).
-
-    Returns:
-        The exit status: 0, or 2 (1 for a failing tool) with a message.
+    Args: argv: the arguments (default: sys.argv[1:]).
+    Returns: The exit status: 0, or 2 (1 for a failing tool) with a message.
     """
     return run_reporting_errors(run, parse_args(argv))
 
 
 def devices(args):
-    """Where to train. The full recipe trains Transformer base for 100k+ updates: on a CPU that
-    is weeks, so without CUDA it stops before any download unless --cpu insists. --smoke is made
-    for the CPU, and --data-only trains nothing.
+    """Where to train. The full recipe trains Transformer base for 100k+ updates: on a CPU that is weeks, so
+    without CUDA it stops before any download unless --cpu insists. --smoke is made for the CPU, and
+    --data-only trains nothing.
 
-    Args:
-        args: the command line.
-
-    Returns:
-        (number of GPUs to train on, whether to train on the CPU).
-
-    Raises:
-        PipelineError: no CUDA device, for a full run without --cpu.
+    Args: args: the command line.
+    Returns: (number of GPUs to train on, whether to train on the CPU).
+    Raises PipelineError: no CUDA device, for a full run without --cpu.
     """
     import torch
 
@@ -227,20 +216,12 @@ def devices(args):
 
 
 def experiment_settings(args, num_gpus, cpu=False):
-    """The TrainSettings of this run: the task's table (or the smoke mode's), batch shaped for
-    the paper's tokens per update (8192; iwslt14 16000) on num_gpus devices, with the command
-    line's overrides.
+    """The TrainSettings of this run: the task's table (or the smoke mode's), batch shaped for the paper's tokens
+    per update (8192; iwslt14 16000) on num_gpus devices, with the command line's overrides.
 
-    Args:
-        args: the command line.
-        num_gpus: the devices to train on.
-        cpu: whether it trains on the CPU.
-
-    Returns:
-        A TrainSettings.
-
-    Raises:
-        PipelineError: --max-tokens and --update-freq cannot make the paper's tokens per update.
+    Args: args: the command line; num_gpus: the devices to train on; cpu: whether it trains on the CPU.
+    Returns: A TrainSettings.
+    Raises PipelineError: --max-tokens and --update-freq cannot make the paper's tokens per update.
     """
     experiment = experiment_of(TASKS[args.task])
     if args.smoke:
@@ -291,19 +272,16 @@ class Layout:
     def save_dir(self, normalizer, seed):
         """Where one model's checkpoints and log go.
 
-        Args:
-            normalizer: the normalizer.
-            seed: the training seed.
-
-        Returns:
-            The folder of that model's checkpoints and log.
+        Args: normalizer: the normalizer; seed: the training seed.
+        Returns: The folder of that model's checkpoints and log.
         """
         return self.work / "models" / f"{normalizer}-seed{seed}"
 
 
 class Plan:
-    """One run of the recipe, shared by its steps: the command line, where the files go, the
-    training settings and decoding, and the result rows the run's steps add."""
+    """One run of the recipe, shared by its steps: the command line, where the files go, the training settings
+    and decoding, and the result rows the run's steps add.
+    """
 
     def __init__(self, args, settings, num_gpus, cpu):
         self.task = TASKS[args.task]
@@ -323,8 +301,7 @@ class Plan:
     def references(self):
         """The test references, read once the dataset is built.
 
-        Returns:
-            (tokenised as the training data, as the corpus has them): lists of lines.
+        Returns: (tokenised as the training data, as the corpus has them): lists of lines.
         """
         if self._references is None:
             self._references = (
@@ -335,16 +312,12 @@ class Plan:
 
 
 def prepare_steps(args, plan):
-    """The prepare stage: official data (or --raw-dir, or the smoke mode's text) -> plain,
-    line-aligned text, checked before anything long starts.
+    """The prepare stage: official data (or --raw-dir, or the smoke mode's text) -> plain, line-aligned text,
+    checked before anything long starts.
 
-    Args:
-        args: the command line.
-        plan: the Plan.
-
-    Yields:
-        Steps; the last one prepares the corpus (skipped when prepared from the same data),
-        checks it and counts it (plan.counts).
+    Args: args: the command line; plan: the Plan.
+    Yields: Steps; the last one prepares the corpus (skipped when prepared from the same data), checks it and
+    counts it (plan.counts).
     """
     task, layout = plan.task, plan.layout
     marker = layout.raw / "prepare.done"
@@ -392,9 +365,8 @@ def prepare_steps(args, plan):
 def _check_corpus(plan):
     """The prepared corpus's {split: pairs}.
 
-    Raises:
-        PipelineError: the corpus is not line-aligned, or the untokenised test references of a
-            tokenised corpus are missing.
+    Raises PipelineError: the corpus is not line-aligned, or the untokenised test references of a tokenised
+    corpus are missing.
     """
     raw, src, tgt = plan.layout.raw, plan.src, plan.tgt
     counts = check_parallel_corpus({s: (raw / f"{s}.{src}", raw / f"{s}.{tgt}") for s in SPLITS})
@@ -410,12 +382,8 @@ def _check_corpus(plan):
 def dataset_steps_of(args, plan):
     """The tokenize, bpe and binarize stages (dataset.dataset_steps).
 
-    Args:
-        args: the command line.
-        plan: the Plan.
-
-    Returns:
-        The Steps, a list.
+    Args: args: the command line; plan: the Plan.
+    Returns: The Steps, a list.
     """
     layout, experiment = plan.layout, plan.experiment
     steps, _, _ = dataset_steps(
@@ -433,15 +401,11 @@ def dataset_steps_of(args, plan):
 
 
 def seed_analysis_step(args, plan):
-    """The analyze stage: fairseq-entmax-analyze on the validation set, as the paper, over the
-    first seed's models.
+    """The analyze stage: fairseq-entmax-analyze on the validation set, as the paper, over the first seed's
+    models.
 
-    Args:
-        args: the command line.
-        plan: the Plan.
-
-    Returns:
-        A Step; its action adds the analysis to the first seed's reported rows.
+    Args: args: the command line; plan: the Plan.
+    Returns: A Step; its action adds the analysis to the first seed's reported rows.
     """
     layout = plan.layout
     checkpoints = {
@@ -462,12 +426,8 @@ def seed_analysis_step(args, plan):
 def walk(args, plan):
     """Every step of the recipe, in order: what the dry run prints and the run executes.
 
-    Args:
-        args: the command line.
-        plan: the Plan.
-
-    Yields:
-        Steps.
+    Args: args: the command line; plan: the Plan.
+    Yields: Steps.
     """
     yield from prepare_steps(args, plan)
     yield from dataset_steps_of(args, plan)
@@ -482,11 +442,10 @@ def walk(args, plan):
 
 
 def run(args):
-    """Every stage (or, with --dry-run, their lines), then the table, printed and written to
-    the work dir. What ran is appended to the work dir's commands.log.
+    """Every stage (or, with --dry-run, their lines), then the table, printed and written to the work dir. What
+    ran is appended to the work dir's commands.log.
 
-    Args:
-        args: the command line, as parse_args returns it.
+    Args: args: the command line, as parse_args returns it.
     """
     num_gpus, cpu = devices(args)
     plan = Plan(args, experiment_settings(args, num_gpus, cpu=cpu), num_gpus, cpu)
@@ -514,10 +473,8 @@ def run(args):
 def write_results(args, plan, started):
     """Print the results' tables and write them to the work dir (results-seed<seeds>.md, .json).
 
-    Args:
-        args: the command line.
-        plan: the Plan, its rows filled by the run.
-        started: when the run started (time.time()).
+    Args: args: the command line; plan: the Plan, its rows filled by the run; started: when the run started
+    (time.time()).
     """
     task, rows, src, tgt = plan.task, plan.rows, args.src, args.tgt
     lines = [

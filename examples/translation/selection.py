@@ -31,29 +31,19 @@ _FAIRSEQ_BLEU = re.compile(r"^Generate \S+ with beam=\d+: BLEU4 = ([\d.]+)")
 def average_name(n, end):
     """The file name of an average of epoch checkpoints.
 
-    Args:
-        n: how many epochs it averages.
-        end: its last epoch.
-
-    Returns:
-        checkpoint_avg{n}_ep{end}.pt.
+    Args: n: how many epochs it averages; end: its last epoch.
+    Returns: checkpoint_avg{n}_ep{end}.pt.
     """
     return f"checkpoint_avg{n}_ep{end}.pt"
 
 
 def epoch_average(save_dir, n, end, label):
-    """The average of checkpoint{end-n+1}.pt ... checkpoint{end}.pt, as fairseq's
-    average_checkpoints.py --num-epoch-checkpoints n --checkpoint-upper-bound end makes it
-    (made once).
+    """The average of checkpoint{end-n+1}.pt ... checkpoint{end}.pt, as fairseq's average_checkpoints.py
+    --num-epoch-checkpoints n --checkpoint-upper-bound end makes it (made once).
 
-    Args:
-        save_dir: the model's --save-dir.
-        n: how many epoch checkpoints.
-        end: the last epoch.
-        label: the model's name in progress lines.
-
-    Returns:
-        The averaged checkpoint's path, or None when an epoch checkpoint of the range is missing.
+    Args: save_dir: the model's --save-dir; n: how many epoch checkpoints; end: the last epoch; label: the
+    model's name in progress lines.
+    Returns: The averaged checkpoint's path, or None when an epoch checkpoint of the range is missing.
     """
     save_dir = Path(save_dir)
     out = save_dir / average_name(n, end)
@@ -74,15 +64,9 @@ def epoch_average(save_dir, n, end, label):
 def fairseq_bleu(out_dir, subset):
     """fairseq-generate's BLEU of a translated subset, from the last line of its output.
 
-    Args:
-        out_dir: the --results-path of fairseq-generate.
-        subset: the subset translated.
-
-    Returns:
-        BLEU4, a float.
-
-    Raises:
-        ToolError: the output has no BLEU line.
+    Args: out_dir: the --results-path of fairseq-generate; subset: the subset translated.
+    Returns: BLEU4, a float.
+    Raises ToolError: the output has no BLEU line.
     """
     path = Path(out_dir) / f"generate-{subset}.txt"
     for line in reversed(read_lines(path)):
@@ -93,19 +77,13 @@ def fairseq_bleu(out_dir, subset):
 
 
 def score_lowercased(hypotheses_tok, references_raw, tgt):
-    """sacreBLEU's BLEU and chrF of the translations, case-insensitive: the recipe's text is
-    lowercased, the references are not.
+    """sacreBLEU's BLEU and chrF of the translations, case-insensitive: the recipe's text is lowercased, the
+    references are not.
 
-    Args:
-        hypotheses_tok: the translations, tokenised and lowercased (as generate returns them).
-        references_raw: the references as the corpus has them.
-        tgt: the target language (its Moses detokeniser).
-
-    Returns:
-        {"bleu", "chrf", "bleu_signature", "chrf_signature"}.
-
-    Raises:
-        ToolError: there are not as many translations as references.
+    Args: hypotheses_tok: the translations, tokenised and lowercased (as generate returns them);
+    references_raw: the references as the corpus has them; tgt: the target language (its Moses detokeniser).
+    Returns: {"bleu", "chrf", "bleu_signature", "chrf_signature"}.
+    Raises ToolError: there are not as many translations as references.
     """
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -124,8 +102,7 @@ def score_lowercased(hypotheses_tok, references_raw, tgt):
 def est_bleu_note():
     """How the IWSLT14 recipe's tokenised BLEU is computed, for the results.
 
-    Returns:
-        A sentence.
+    Returns: A sentence.
     """
     return FAIRSEQ_BLEU_SIGNATURE + ", as the authors' script reads it"
 
@@ -141,21 +118,14 @@ def _select(save_dir, chosen):
 
 
 def select_average(save_dir, n, translations, label):
-    """Select the average of the best validation BLEU (the later epoch on a tie), linked as
-    SELECTED in the model's folder.
+    """Select the average of the best validation BLEU (the later epoch on a tie), linked as SELECTED in the
+    model's folder.
 
-    Args:
-        save_dir: the model's --save-dir.
-        n: how many epoch checkpoints each average takes.
-        translations: {end epoch: the Translation of the validation set by that average}; those
-            whose average could not be made (an epoch checkpoint missing) are passed over.
-        label: the model's name in progress lines.
-
-    Returns:
-        (the chosen end epoch, {end epoch: fairseq's validation BLEU}).
-
-    Raises:
-        PipelineError: no end epoch has all its checkpoints (training stopped too early).
+    Args: save_dir: the model's --save-dir; n: how many epoch checkpoints each average takes; translations:
+    {end epoch: the Translation of the validation set by that average}; those whose average could not be made
+    (an epoch checkpoint missing) are passed over; label: the model's name in progress lines.
+    Returns: (the chosen end epoch, {end epoch: fairseq's validation BLEU}).
+    Raises PipelineError: no end epoch has all its checkpoints (training stopped too early).
     """
     valid_bleu = {end: fairseq_bleu(t.out_dir, "valid") for end, t in translations.items() if t.checkpoint.exists()}
     if not valid_bleu:
@@ -181,9 +151,9 @@ def _display_rows(rows, seeds):
 
 @dataclass(frozen=True)
 class BestCheckpoint:
-    """Correia et al.'s selection: checkpoint_best.pt (the best validation accuracy) translates
-    the test set; with --average-last N, the average of the last N checkpoints too, reported
-    apart."""
+    """Correia et al.'s selection: checkpoint_best.pt (the best validation accuracy) translates the test set;
+    with --average-last N, the average of the last N checkpoints too, reported apart.
+    """
 
     # The selection whose checkpoint the attention analysis reads.
     reported = "best"
@@ -192,12 +162,8 @@ class BestCheckpoint:
     def settings(self, settings, plan):
         """The TrainSettings, keeping enough checkpoints for --average-last.
 
-        Args:
-            settings: the TrainSettings of the task.
-            plan: the recipe's Plan.
-
-        Returns:
-            A TrainSettings.
+        Args: settings: the TrainSettings of the task; plan: the recipe's Plan.
+        Returns: A TrainSettings.
         """
         if not plan.average_last:
             return settings
@@ -206,23 +172,16 @@ class BestCheckpoint:
     def analyzed_checkpoint(self, save_dir):
         """The checkpoint of a model that the attention analysis reads.
 
-        Args:
-            save_dir: the model's --save-dir.
-
-        Returns:
-            Its path.
+        Args: save_dir: the model's --save-dir.
+        Returns: Its path.
         """
         return save_dir / "checkpoint_best.pt"
 
     def model_steps(self, plan, model):
         """Train one model, translate the test set with each selected checkpoint and score it.
 
-        Args:
-            plan: the recipe's Plan.
-            model: the Model (evaluation.Model).
-
-        Returns:
-            evaluation.model_steps' Steps; each score step appends a result row to plan.rows.
+        Args: plan: the recipe's Plan; model: the Model (evaluation.Model).
+        Returns: evaluation.model_steps' Steps; each score step appends a result row to plan.rows.
         """
         layout = plan.layout
 
@@ -246,12 +205,8 @@ class BestCheckpoint:
     def report(self, plan, rows):
         """The results' tables.
 
-        Args:
-            plan: the recipe's Plan.
-            rows: the result rows.
-
-        Returns:
-            (lines, the note on how tokenized BLEU was computed).
+        Args: plan: the recipe's Plan; rows: the result rows.
+        Returns: (lines, the note on how tokenized BLEU was computed).
         """
         lines = [
             "Best checkpoint (validation accuracy):",
@@ -290,12 +245,10 @@ def _selected_row(model, test, chosen, plan):
 
 @dataclass(frozen=True)
 class EpochAverages:
-    """Zhao et al.'s selection: averages of the last n epoch checkpoints ending at several
-    epochs translate the validation set, the best of them the test set (select_average).
+    """Zhao et al.'s selection: averages of the last n epoch checkpoints ending at several epochs translate the
+    validation set, the best of them the test set (select_average).
 
-    Attributes:
-        average: (n, end epochs) of a full run.
-        smoke_average: (n, end epochs) of the smoke mode.
+    Attributes: average: (n, end epochs) of a full run; smoke_average: (n, end epochs) of the smoke mode.
     """
 
     average: tuple
@@ -311,36 +264,25 @@ class EpochAverages:
     def settings(self, settings, plan):
         """The TrainSettings, unchanged: keep_last_epochs covers the averages.
 
-        Args:
-            settings: the TrainSettings of the task.
-            plan: the recipe's Plan.
-
-        Returns:
-            settings.
+        Args: settings: the TrainSettings of the task; plan: the recipe's Plan.
+        Returns: settings.
         """
         return settings
 
     def analyzed_checkpoint(self, save_dir):
         """The checkpoint of a model that the attention analysis reads.
 
-        Args:
-            save_dir: the model's --save-dir.
-
-        Returns:
-            Its path: the link to the selected average.
+        Args: save_dir: the model's --save-dir.
+        Returns: Its path: the link to the selected average.
         """
         return save_dir / SELECTED
 
     def model_steps(self, plan, model):
-        """Train one model, translate the validation set with each average, the test set with
-        the best, and score it.
+        """Train one model, translate the validation set with each average, the test set with the best, and score
+        it.
 
-        Args:
-            plan: the recipe's Plan.
-            model: the Model (evaluation.Model).
-
-        Yields:
-            Steps; the score step appends the result row to plan.rows.
+        Args: plan: the recipe's Plan; model: the Model (evaluation.Model).
+        Yields: Steps; the score step appends the result row to plan.rows.
         """
         layout, work, label, cpu = plan.layout, plan.layout.work, model.shown, plan.cpu
         data_bin, settings = layout.data_bin, plan.settings
@@ -381,12 +323,8 @@ class EpochAverages:
     def report(self, plan, rows):
         """The results' table and each model's validation BLEU per average.
 
-        Args:
-            plan: the recipe's Plan.
-            rows: the result rows.
-
-        Returns:
-            (lines, the note on how tokenized BLEU was computed).
+        Args: plan: the recipe's Plan; rows: the result rows.
+        Returns: (lines, the note on how tokenized BLEU was computed).
         """
         n = self.averages(plan)[0]
         lines = [

@@ -157,13 +157,9 @@ TOKENIZED_BLEU_NOTES = {
 def tokenized_bleu_note(task_name, retokenized):
     """How tokenized BLEU was computed for a task, for the results and the docs.
 
-    Args:
-        task_name: a key of TASKS.
-        retokenized: whether the recipe tokenised the text itself (False: the official
-            tokenised text).
-
-    Returns:
-        A sentence.
+    Args: task_name: a key of TASKS; retokenized: whether the recipe tokenised the text itself (False: the
+    official tokenised text).
+    Returns: A sentence.
     """
     note = TOKENIZED_BLEU_MOSES if retokenized else TOKENIZED_BLEU_OFFICIAL
     return note + (f" ({TOKENIZED_BLEU_NOTES[task_name]})" if task_name in TOKENIZED_BLEU_NOTES else "")
@@ -310,14 +306,9 @@ def _cell(value):
 def correia_train_settings(task_name, max_tokens, update_freq, cpu=False):
     """The TrainSettings of a full run of one of Correia et al.'s tasks, from the tables above.
 
-    Args:
-        task_name: a key of TASKS.
-        max_tokens: tokens per GPU and batch (batch_shape).
-        update_freq: batches accumulated per update (batch_shape).
-        cpu: whether it trains on the CPU (the same settings).
-
-    Returns:
-        A TrainSettings.
+    Args: task_name: a key of TASKS; max_tokens: tokens per GPU and batch (batch_shape); update_freq: batches
+    accumulated per update (batch_shape); cpu: whether it trains on the CPU (the same settings).
+    Returns: A TrainSettings.
     """
     every = VALIDATE_EVERY[task_name]
     return TrainSettings(
@@ -335,14 +326,10 @@ def correia_train_settings(task_name, max_tokens, update_freq, cpu=False):
 def est_train_settings(task_name, max_tokens, update_freq, cpu=False):
     """The TrainSettings of a full IWSLT14 de-en run, as the authors' script trains.
 
-    Args:
-        task_name: the task ("iwslt14", the experiment's one task).
-        max_tokens: tokens per GPU and batch (batch_shape).
-        update_freq: batches accumulated per update (batch_shape).
-        cpu: whether it trains on the CPU (no half precision there).
-
-    Returns:
-        A TrainSettings.
+    Args: task_name: the task ("iwslt14", the experiment's one task); max_tokens: tokens per GPU and batch
+    (batch_shape); update_freq: batches accumulated per update (batch_shape); cpu: whether it trains on the
+    CPU (no half precision there).
+    Returns: A TrainSettings.
     """
     extra = ["--stop-min-lr", EST_STOP_MIN_LR.value]
     if EST_FP16.value and not cpu:
@@ -456,9 +443,9 @@ SMOKE_EST_TRAIN = TrainSettings(
 
 @dataclass
 class SmokeData:
-    """Real text from ../shared/data for the smoke mode: split -> (file stem relative to the
-    shared data folder, first line, end line), or a list of them, concatenated; the files are
-    f"{stem}.{lang}"."""
+    """Real text from ../shared/data for the smoke mode: split -> (file stem relative to the shared data folder,
+    first line, end line), or a list of them, concatenated; the files are f"{stem}.{lang}".
+    """
 
     splits: dict
     note: str
@@ -468,8 +455,9 @@ class SmokeData:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One paper's recipe: what its tasks share, the settings they train with, the tables the
-    docs show, and how the driver (recipe.py) selects and scores each model."""
+    """One paper's recipe: what its tasks share, the settings they train with, the tables the docs show, and how
+    the driver (recipe.py) selects and scores each model.
+    """
 
     name: str
     tokens_per_update: int
@@ -491,22 +479,16 @@ class Experiment:
     def train_settings(self, task_name, max_tokens, update_freq, cpu=False):
         """The TrainSettings of a full run of one task.
 
-        Args:
-            task_name: a key of TASKS.
-            max_tokens: tokens per GPU and batch (batch_shape).
-            update_freq: batches accumulated per update (batch_shape).
-            cpu: whether it trains on the CPU.
-
-        Returns:
-            A TrainSettings.
+        Args: task_name: a key of TASKS; max_tokens: tokens per GPU and batch (batch_shape); update_freq:
+        batches accumulated per update (batch_shape); cpu: whether it trains on the CPU.
+        Returns: A TrainSettings.
         """
         return self.full_settings(task_name, max_tokens, update_freq, cpu=cpu)
 
     def settings_table(self):
         """The experiment's settings, for docs/recipes.md.
 
-        Returns:
-            A Markdown table: setting, value, source; then the sources spelled out, if any.
+        Returns: A Markdown table: setting, value, source; then the sources spelled out, if any.
         """
         lines = ["| setting | value | source |", "|---|---|---|"]
         lines += [f"| {name} | {value} | {source} |" for name, value, source in self.settings_rows]
@@ -517,8 +499,7 @@ class Experiment:
     def departures_table(self):
         """Where the experiment departs from its paper, for docs/recipes.md.
 
-        Returns:
-            A Markdown table: departure, why.
+        Returns: A Markdown table: departure, why.
         """
         lines = ["| departure | why |", "|---|---|"]
         lines += [f"| {what} | {why} |" for what, why in self.departures]
@@ -581,11 +562,8 @@ EST = Experiment(
 def experiment_of(task):
     """The Experiment of a task.
 
-    Args:
-        task: a Task.
-
-    Returns:
-        Its Experiment (CORREIA unless it names another).
+    Args: task: a Task.
+    Returns: Its Experiment (CORREIA unless it names another).
     """
     return task.experiment or CORREIA
 
@@ -593,21 +571,12 @@ def experiment_of(task):
 def batch_shape(num_gpus, max_tokens=None, update_freq=None, total=None, preferred_max_tokens=None):
     """The batch that gives exactly the paper's tokens per update.
 
-    Args:
-        num_gpus: the devices to train on.
-        max_tokens: --max-tokens, or None: chosen.
-        update_freq: --update-freq, or None: chosen.
-        total: the tokens per update (default: Correia et al.'s 8192).
-        preferred_max_tokens: with neither given, the --max-tokens to keep when num_gpus allow
-            it, accumulating the rest (the authors' batch of one GPU); otherwise, or without
-            it, update_freq 1.
-
-    Returns:
-        (max_tokens per GPU, update_freq).
-
-    Raises:
-        PipelineError: num_gpus < 1, or the combination cannot make `total`; the message says
-            which would.
+    Args: num_gpus: the devices to train on; max_tokens: --max-tokens, or None: chosen; update_freq:
+    --update-freq, or None: chosen; total: the tokens per update (default: Correia et al.'s 8192);
+    preferred_max_tokens: with neither given, the --max-tokens to keep when num_gpus allow it, accumulating
+    the rest (the authors' batch of one GPU); otherwise, or without it, update_freq 1.
+    Returns: (max_tokens per GPU, update_freq).
+    Raises PipelineError: num_gpus < 1, or the combination cannot make `total`; the message says which would.
     """
     total = total or TOKENS_PER_UPDATE.value
     if num_gpus < 1:
