@@ -312,8 +312,11 @@ def _statistics_of_row_candidates(rows, x, candidate, params):
     """The statistics of the rows of x (rows, keys) from each row's own candidate key blocks
     (candidate: (rows, key blocks) bool, the last block possibly partial) gathered, the others
     -inf: the same threshold, maximum and sum, since the keys left out have no weight. None
-    where some row's candidates are more than MOST_ROW_CANDIDATES of the keys: then the search
-    over the whole rows costs less than the gathering."""
+    where some row's candidates are more than MOST_ROW_CANDIDATES of the keys, as the search
+    over the whole rows then costs less than the gathering, or for a map whose statistics
+    depend on keys without weight (top-k's cut)."""
+    if not rows.stats_from_candidates:
+        return None
     keys = x.shape[1]
     whole_blocks = keys // SUPPORT_KEYS
     chosen = candidate[:, :whole_blocks]

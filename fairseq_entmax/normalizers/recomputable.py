@@ -25,7 +25,7 @@ from fairseq_entmax.normalizers.alpha_entmax import _SOFTMAX_BELOW, alpha_entmax
 from fairseq_entmax.normalizers.entmax15 import entmax15_rows_backward, entmax15_threshold
 from fairseq_entmax.normalizers.layers import FixedAlphaEntmax, LearnedAlphaEntmax, TopK
 from fairseq_entmax.normalizers.sparsemax import sparsemax_threshold
-from fairseq_entmax.normalizers.topk import largest_entries, topk_threshold
+from fairseq_entmax.normalizers.topk import largest_entries, topk_cut
 
 
 def _reciprocal_sum(p, masked):
@@ -88,6 +88,9 @@ class SoftmaxRows:
     # and alpha-entmax's searches hold more scratch: half the elements keep their peak
     # resident memory within 2x SDPA's at about the same speed (benchmarks/RESULTS.md).
     block_share = 1.0
+    # Whether the statistics found on a row's candidate keys alone (the others -inf) hold for
+    # the whole row: those of the maps whose threshold depends only on the keys with weight.
+    stats_from_candidates = True
 
     def block_params(self, scores, first_head):
         return None
@@ -112,6 +115,7 @@ class SparsemaxRows:
     learns_alpha = False
     is_sparse = True
     block_share = 1.0
+    stats_from_candidates = True
 
     def block_params(self, scores, first_head):
         return None
@@ -146,6 +150,7 @@ class Entmax15Rows:
     learns_alpha = False
     is_sparse = True
     block_share = 0.5
+    stats_from_candidates = True
 
     def block_params(self, scores, first_head):
         return None
@@ -183,6 +188,7 @@ class AlphaEntmaxRows:
     learns_alpha = True
     is_sparse = True
     block_share = 0.5
+    stats_from_candidates = True
 
     def __init__(self, alpha, at_most_two):
         self.alpha = alpha
@@ -242,7 +248,8 @@ class AlphaEntmaxRows:
 
 
 class TopKRows:
-    """top-k softmax; statistics (m, the k-th largest of x - m, 1 / Z).
+    """top-k softmax; statistics (m, a cut of x - m between its k-th and (k+1)-th largest
+    (topk_cut), 1 / Z).
 
     Args:
         normalizer: the TopK module, which says how many keys each row keeps.
@@ -251,6 +258,8 @@ class TopKRows:
     learns_alpha = False
     is_sparse = True
     block_share = 1.0
+    # Its cut lies halfway to the (k+1)-th largest score, which may be outside the candidates.
+    stats_from_candidates = False
 
     def __init__(self, normalizer):
         self.normalizer = normalizer
@@ -262,13 +271,13 @@ class TopKRows:
         return k if isinstance(k, int) else k.reshape(-1, 1)
 
     def may_weigh(self, x, stats, params):
-        m, kth = stats[0], stats[1]  # weight where x - m >= the k-th largest
+        m, kth = stats[0], stats[1]  # weight where x - m >= the cut
         return _reaches_threshold(x - m, kth)
 
     def forward(self, x, params):
         m, masked = row_maxima(x)
         z = x.sub_(m)
-        kth = topk_threshold(z, params)
+        kth = topk_cut(z, params)
         if kth is None:
             kth = torch.full_like(m, float("-inf"))
         p = _kept_exp(z, kth)

@@ -53,6 +53,37 @@ def topk_threshold(x, k):
     return None
 
 
+def topk_cut(x, k):
+    """A threshold between the k-th and the (k+1)-th largest entry of each row of the (m, d)
+    block x: the entries at or above it are those top-k keeps (ties kept), as with
+    topk_threshold. Blocked attention recomputes the scores in other shapes, whose products may
+    round otherwise; halfway between the two, the cut keeps the same keys whenever the rounding
+    is below half their gap, where the k-th largest itself would lose the k-th key to one ulp.
+
+    Args:
+        x: (m, d) block.
+        k: a python int, or a (m, 1) integer tensor with each row's k.
+
+    Returns:
+        (m, 1) tensor in x's dtype, or None where k >= d for every row (all kept).
+    """
+    d = x.shape[1]
+    if torch.is_tensor(k):
+        k = k.clamp(max=d)
+        kept = d if uses_sync_free_path(x) else min(int(k.max()) + 1, d)
+        largest = torch.topk(x, kept, dim=-1, sorted=True).values
+        kth = largest.gather(-1, k - 1)
+        following = largest.gather(-1, k.clamp(max=kept - 1)).masked_fill_(k >= d, float("-inf"))
+    elif k >= d:
+        return None
+    else:
+        last_two = largest_entries(x, k + 1, ordered=False)[0] if k + 1 < d else x
+        following, kth = torch.topk(last_two, 2, dim=-1, largest=False, sorted=True).values.split(1, dim=-1)
+    halfway = kth.mul(0.5).add_(following, alpha=0.5)
+    # Where the two are adjacent numbers, halfway rounds onto one of them: the k-th itself then.
+    return torch.where(halfway > following, halfway, kth)
+
+
 # Rows at least this many times longer than the chunks of 64 that may hold their largest
 # entries are searched by chunks of 64 (largest_entries). So are rows of 256 keys or more where
 # torch.topk takes its slower path, with count * 64 > d, in chunks of d / 64: there torch.topk
