@@ -106,7 +106,7 @@ BUDGETS = {
         "architecture": PAPER_ARCHITECTURE,
         "retokenize": True,
         "train_lines": 2000,
-        "test_lines": 100,
+        "test_lines": 50,
         "analysis_sentences": None,
         # a barely trained model would otherwise spend fairseq's default 200 tokens on
         # every sentence
