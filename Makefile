@@ -40,7 +40,7 @@ demo: setup
 # --dist loadfile: a file's tests stay on one worker, which runs its module fixtures (a recipe,
 # quickstart or training run of up to minutes) once.
 test: setup
-	$(PY) -m pytest tests -q -n auto --dist loadfile
+	$(PY) -m pytest tests -q -n auto --dist loadfile --no-loadscope-reorder
 
 # The inner loop: every test not marked slow (the slow ones train through fairseq-train or
 # run a recipe; each test file says which): about a minute of CPU time.

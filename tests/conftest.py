@@ -43,6 +43,28 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The files that take longest, longest first (`pytest --durations=0`, summed by file). Under
+# `make test` (--dist loadfile --no-loadscope-reorder) pytest-xdist hands the files out in
+# collection order, each worker taking the next when it is nearly done: started first, a long
+# file does not keep one worker busy at the end while the other waits.
+LONGEST_FILES = (
+    "test_doc_commands.py",
+    "test_recipes.py",
+    "test_reproduction.py",
+    "test_huggingface_compile.py",
+    "test_quickstart.py",
+    "test_attention_benchmark.py",
+    "test_checkpoint_refusal.py",
+    "test_fairseq_compile.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests of LONGEST_FILES first, in its order; the others keep theirs."""
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_runtest_setup(item):
     """A `cuda` test skips without a CUDA device (CI has none). A missing requirement skips a
     test on a developer's machine; under CI (CI set) it fails it, since there it means a broken
