@@ -3,7 +3,8 @@
 A block is found by its file and its first line ("... #2" for the second block of a file that
 starts with the same line). It is checked in one of these ways:
 - PARSE: bash runs the block as written, with SUBSTITUTIONS for the shell variables it uses
-  without defining, but a program with a dry run runs with --dry-run, and each other command of
+  without defining, but a program with a dry run runs with --dry-run (the quickstart's --data DIR
+  on a de-en copy of the tiny corpus), and each other command of
   the project, fairseq or torch stops once its own argument parser has accepted its arguments (a sitecustomize ends the process after the
   first successful `ArgumentParser.parse_args`); `make` runs as `make -n`, `pip install` checks
   that the extras it names exist, and `sleep` returns at once. So a renamed option, a removed
@@ -39,6 +40,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_entmax.pipeline.tools import bin_dir
+from helpers import write_tiny_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -205,7 +207,8 @@ SITECUSTOMIZE = textwrap.dedent(
 # The commands of a PARSE block, as bash functions. A call of one that names a program (not
 # `python -c`) must reach its parser; a program with a dry run (the recipes, the reduced-scale
 # reproduction, the attention benchmark, the quickstart) runs it instead, so its own checks and its
-# whole plan run; a quickstart on a user's corpus (--data DIR) only parses.
+# whole plan run. A quickstart on a user's corpus (--data DIR) reads DOC_CORPUS, a de-en copy of
+# the tiny corpus, with the cap its dry run needs (--max-update).
 SHIMS = textwrap.dedent(
     """
     set -eo pipefail
@@ -217,7 +220,12 @@ SHIMS = textwrap.dedent(
         local rc=0
         local own_corpus=0
         [[ " ${args[*]} " =~ " examples.quickstart.quickstart " && " ${args[*]} " =~ " --data " ]] && own_corpus=1
-        if [[ $own_corpus == 0 && " ${args[*]} " =~ " "(examples.reproduction.reduced_scale|examples.translation.recipe|benchmarks.attention|examples.quickstart.quickstart)" " ]]; then
+        if [[ $own_corpus == 1 ]]; then
+            local i
+            for i in "${!args[@]}"; do [[ ${args[i]} == --data ]] && args[i+1]=$DOC_CORPUS; done
+            args+=(--max-update 100)
+        fi
+        if [[ " ${args[*]} " =~ " "(examples.reproduction.reduced_scale|examples.translation.recipe|benchmarks.attention|examples.quickstart.quickstart)" " ]]; then
             command "$name" "${args[@]}" --dry-run > /dev/null || rc=$?
             if [[ $rc != 0 ]]; then echo "FAIL $name --dry-run exited $rc" >> "$DOC_LOG"; return $rc; fi
             echo "DRY-RUN $name ${args[*]}" >> "$DOC_LOG"; return 0
@@ -271,6 +279,12 @@ def _environment(tmp_path, parse):
     environment["DOC_LOG"] = str(tmp_path / "calls.log")
     environment["PIP_CHECK"] = PIP_CHECK
     if parse:
+        corpus = write_tiny_corpus(tmp_path / "tiny")
+        environment["DOC_CORPUS"] = str(tmp_path / "corpus")
+        (tmp_path / "corpus").mkdir()
+        for path in corpus.iterdir():
+            language = {".src": ".de", ".tgt": ".en"}[path.suffix]
+            shutil.copy(path, tmp_path / "corpus" / path.with_suffix(language).name)
         (tmp_path / "sitecustomize.py").write_text(SITECUSTOMIZE)
         environment["PYTHONPATH"] = os.pathsep.join([str(tmp_path), environment.get("PYTHONPATH", "")])
     return environment
