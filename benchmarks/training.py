@@ -175,29 +175,9 @@ def make_data(data_dir, work, join_lines, n_lines, n_gen):
         (raw / f"train.{lang}").write_text("\n".join(joined[lang][:-n_gen]) + "\n", encoding="utf-8")
         (raw / f"test.{lang}").write_text("\n".join(test[lang]) + "\n", encoding="utf-8")
         (raw / f"valid.{lang}").write_text("\n".join(test[lang][i] for i in shortest) + "\n", encoding="utf-8")
-    run(
-        [
-            BIN / "fairseq-preprocess",
-            "--source-lang",
-            "de",
-            "--target-lang",
-            "en",
-            "--trainpref",
-            raw / "train",
-            "--validpref",
-            raw / "valid",
-            "--testpref",
-            raw / "test",
-            "--destdir",
-            work / "bin",
-            "--joined-dictionary",
-            "--nwordssrc",
-            "8000",
-            "--workers",
-            "2",
-        ],
-        work / "preprocess.log",
-    )
+    split_args = ["--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test"]
+    options = "--source-lang de --target-lang en --joined-dictionary --nwordssrc 8000 --workers 2".split()
+    run([BIN / "fairseq-preprocess", *options, *split_args, "--destdir", work / "bin"], work / "preprocess.log")
     return work / "bin"
 
 
@@ -234,51 +214,15 @@ def train(data_bin, save_dir, model_args, setting, device_args, updates, cuda=Fa
 
 def train_args(data_bin, save_dir, model_args, setting, device_args, updates, save):
     """fairseq-train's arguments for train (which documents them), a list."""
-    return [
-        data_bin,
-        "--user-dir",
-        USER_DIR,
-        *model_args,
-        *setting["size"],
-        "--task",
-        "translation",
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9,0.98)",
-        "--lr",
-        "5e-4",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        "4000",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        str(setting["max_tokens"]),
-        "--max-update",
-        str(updates),
-        "--max-source-positions",
-        "2048",
-        "--max-target-positions",
-        "2048",
-        "--disable-validation",
-        "--save-dir",
-        save_dir,
-        "--no-epoch-checkpoints",
-        "--save-interval-updates",
-        str(updates),
-        *([] if save else ["--no-save"]),
-        "--seed",
-        "1",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "5",
-        *device_args,
-    ]
+    fixed = (
+        "--task translation --optimizer adam --adam-betas (0.9,0.98) --lr 5e-4 --lr-scheduler inverse_sqrt "
+        "--warmup-updates 4000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 "
+        "--max-source-positions 2048 --max-target-positions 2048 --disable-validation --no-epoch-checkpoints "
+        "--seed 1 --log-format json --log-interval 5"
+    ).split()
+    sized = ["--max-tokens", str(setting["max_tokens"]), "--max-update", str(updates)]
+    saving = ["--save-dir", save_dir, "--save-interval-updates", str(updates), *([] if save else ["--no-save"])]
+    return [data_bin, "--user-dir", USER_DIR, *model_args, *setting["size"], *fixed, *sized, *saving, *device_args]
 
 
 def generate(data_bin, save_dir, setting, device_args):
@@ -293,28 +237,18 @@ def generate(data_bin, save_dir, setting, device_args):
     n = setting["gen_len"]
     done = {}
     for subset in ("test", "valid"):
+        # Every translation forced to n tokens: each model does the same work.
+        length = f"--beam 5 --batch-size {GEN_BATCH} --min-len {n} --max-len-a 0 --max-len-b {n}".split()
+        command = [
+            BIN / "fairseq-generate",
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            save_dir / "checkpoint_last.pt",
+        ]
         text, _ = run(
-            [
-                BIN / "fairseq-generate",
-                data_bin,
-                "--user-dir",
-                USER_DIR,
-                "--path",
-                save_dir / "checkpoint_last.pt",
-                "--gen-subset",
-                subset,
-                "--beam",
-                "5",
-                "--batch-size",
-                str(GEN_BATCH),
-                "--min-len",
-                str(n),
-                "--max-len-a",
-                "0",
-                "--max-len-b",
-                str(n),
-                *device_args,
-            ],
+            [*command, "--gen-subset", subset, *length, *device_args],
             save_dir.parent / f"{save_dir.name}.generate-{subset}.log",
         )
         match = re.search(r"Translated ([\d,]+) sentences \(.*?\) in ([\d.]+)s", text)
