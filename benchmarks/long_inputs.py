@@ -59,27 +59,11 @@ SETTINGS = {
     "model": dict(
         batch=2,
         vocab=1000,
-        size=[
-            "--encoder-layers",
-            "2",
-            "--decoder-layers",
-            "2",
-            "--encoder-embed-dim",
-            "128",
-            "--decoder-embed-dim",
-            "128",
-            "--encoder-ffn-embed-dim",
-            "256",
-            "--decoder-ffn-embed-dim",
-            "256",
-            "--encoder-attention-heads",
-            "8",
-            "--decoder-attention-heads",
-            "8",
-            "--share-all-embeddings",
-            "--dropout",
-            "0",
-        ],
+        size=(
+            "--encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 128 --decoder-embed-dim 128 "
+            "--encoder-ffn-embed-dim 256 --decoder-ffn-embed-dim 256 --encoder-attention-heads 8 "
+            "--decoder-attention-heads 8 --share-all-embeddings --dropout 0"
+        ).split(),
         about="adaptively_sparse_transformer 2+2 layers, d=128, 8 heads, 2 pairs of 1,024 + 1,024 "
         "tokens, cross-entropy loss",
     ),
@@ -166,19 +150,8 @@ def model_step(normalizer, device, setting):
     )
     args = options.parse_args_and_arch(
         options.get_training_parser(),
-        [
-            "unused-data-dir",
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "translation",
-            *arch,
-            *setting["size"],
-            "--max-source-positions",
-            "2048",
-            "--max-target-positions",
-            "2048",
-        ],
+        ["unused-data-dir", "--user-dir", USER_DIR, "--task", "translation", *arch, *setting["size"]]
+        + "--max-source-positions 2048 --max-target-positions 2048".split(),
     )
     dictionary = Dictionary()
     for i in range(setting["vocab"] - len(dictionary)):
