@@ -34,6 +34,10 @@ from fairseq_entmax.normalizers import AttentionNormalizer
 
 def generate_command(data_bin, checkpoint, length, device):
     """fairseq-generate's command line: beam 5 on the test split, every output `length` tokens."""
+    options = (
+        f"--gen-subset test --beam 5 --batch-size 16 --quiet --min-len {length} --max-len-a 0 --max-len-b {length}"
+    )
+    on_cpu = ["--cpu", "--num-workers", "0"] if device == "cpu" else []
     return [
         "fairseq-generate",
         str(data_bin),
@@ -41,20 +45,9 @@ def generate_command(data_bin, checkpoint, length, device):
         USER_DIR,
         "--path",
         str(checkpoint),
-        "--gen-subset",
-        "test",
-        "--beam",
-        "5",
-        "--batch-size",
-        "16",
-        "--quiet",
-        "--min-len",
-        str(length),
-        "--max-len-a",
-        "0",
-        "--max-len-b",
-        str(length),
-    ] + (["--cpu", "--num-workers", "0"] if device == "cpu" else [])
+        *options.split(),
+        *on_cpu,
+    ]
 
 
 def measure(data_bin, checkpoint, length, device):
