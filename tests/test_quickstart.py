@@ -161,9 +161,9 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     instead of starting over; the corpus is Moses-tokenised and tokenized BLEU reported."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_valid=20, n_test=20)
     work = tmp_path / "work"
-    # The interrupt comes at the first checkpoint, a few updates in: the cap leaves seconds of
-    # training after it.
-    cap = 150
+    # The interrupt comes at the first checkpoint, 3 updates in: the cap leaves about 10 s of
+    # training after it (5 s at a cap of 150 were once not enough under a loaded suite).
+    cap = 300
     options = ["--tiny", "--data", corpus, "--src", "src", "--tgt", "tgt", "--models", "softmax"]
     command = [*QUICKSTART, *options, "--max-update", str(cap), "--patience", "0", "--work-dir", work]
     # PYTHONFAULTHANDLER: a run that outlives its Ctrl-C is stopped with SIGABRT, which prints
@@ -193,12 +193,13 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
     assert "Saved checkpoint" in train_log_path.read_text(), "no checkpoint was written before the interrupt"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group, as in a terminal
     try:
-        proc.communicate(timeout=120)
+        output, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGABRT)
         output, _ = proc.communicate(timeout=60)
         pytest.fail(f"the run went on for 120 s after Ctrl-C; the end of its output:\n{output[-6000:]}")
-    assert not (work / "models" / "softmax-seed1" / "train.done").exists(), "training finished before the interrupt"
+    finished = (work / "models" / "softmax-seed1" / "train.done").exists()
+    assert not finished, f"training finished before the interrupt (exit {proc.returncode}):\n{output[-3000:]}"
     data_bin_stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
 
     resumed = run(command, timeout=900, cwd=REPO)
