@@ -42,15 +42,21 @@ def topk_threshold(x, k):
     """
     d = x.shape[1]
     if torch.is_tensor(k):
-        k = k.clamp(max=d)
-        # Each row's k-th largest, from the sorted max(k) largest of every row (all of them
-        # on the sync-free path, which cannot read max(k)).
-        kept = d if uses_sync_free_path(x) else int(k.max())
-        largest = torch.topk(x, kept, dim=-1, sorted=True).values
+        k, largest = _largest_of_rows(x, k, 0)
         return largest.gather(-1, k - 1)
     if k < d:
         return largest_entries(x, k, ordered=False)[0].amin(dim=-1, keepdim=True)
     return None
+
+
+def _largest_of_rows(x, k, more):
+    """Each row's k (a (m, 1) tensor) clamped to d, and the sorted max(k) + more largest entries
+    of every row of the (m, d) block x: all of them on the sync-free path, which cannot read
+    max(k)."""
+    d = x.shape[1]
+    k = k.clamp(max=d)
+    kept = d if uses_sync_free_path(x) else min(int(k.max()) + more, d)
+    return k, torch.topk(x, kept, dim=-1, sorted=True).values
 
 
 def topk_cut(x, k):
@@ -69,11 +75,9 @@ def topk_cut(x, k):
     """
     d = x.shape[1]
     if torch.is_tensor(k):
-        k = k.clamp(max=d)
-        kept = d if uses_sync_free_path(x) else min(int(k.max()) + 1, d)
-        largest = torch.topk(x, kept, dim=-1, sorted=True).values
+        k, largest = _largest_of_rows(x, k, 1)
         kth = largest.gather(-1, k - 1)
-        following = largest.gather(-1, k.clamp(max=kept - 1)).masked_fill_(k >= d, float("-inf"))
+        following = largest.gather(-1, k.clamp(max=largest.shape[1] - 1)).masked_fill_(k >= d, float("-inf"))
     elif k >= d:
         return None
     else:
