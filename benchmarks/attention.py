@@ -461,14 +461,14 @@ def main(argv=None):
         return 2
     import torch
 
-    from benchmarks.machine import describe
+    from benchmarks.machine import run_record
 
     torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("attention: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
-    print(f"machine: {describe(args.device)}")
-    print(f"command: python -m benchmarks.attention {' '.join(argv if argv is not None else sys.argv[1:])}")
+    command = f"python -m benchmarks.attention {' '.join(argv if argv is not None else sys.argv[1:])}"
+    record = run_record(args.device, command=command)
     if args.dry_run:
         for setting, tokens, _, title in _tables(args):
             measured = ", ".join(f"{path} {name}" for path, name in _table_rows(args, setting, tokens))
@@ -498,7 +498,7 @@ def main(argv=None):
         results += _measure_table(args, setting, tokens, causal, capture, sparsity)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"machine": describe(args.device), "results": results}, out, indent=1)
+            json.dump({**record, "results": results}, out, indent=1)
     return 0
 
 

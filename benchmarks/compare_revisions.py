@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.machine import run_record
 from benchmarks.revisions import REPOSITORY, export, git
 
 # The normalizer benchmark of this tree, as a command.
@@ -117,6 +118,7 @@ def main(argv=None):
     commit, tree_times, ref_times = compare(
         args.ref, args.shapes, args.process_rounds, args.rounds, args.threads, args.clock
     )
+    run_record()
     changed = " + changes" if git("status", "--porcelain", "--untracked-files=no") else ""
     print(f"working tree ({git('rev-parse', '--short', 'HEAD')}{changed}) against {commit[:9]} ({args.ref})")
     print(

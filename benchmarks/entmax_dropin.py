@@ -22,7 +22,7 @@ import time
 
 import torch
 
-# the normalizer benchmark's machine description
+from benchmarks.machine import run_record
 from benchmarks.normalizers import machine_description
 from fairseq_entmax import entmax as dropin
 
@@ -129,5 +129,5 @@ def main():
     torch.set_num_threads(args.threads)
     random.seed(0)
     results = measure(args.rounds)
-    print(machine_description(torch.device("cpu")))
+    run_record(machine=machine_description(torch.device("cpu")))
     print(format_table(results))

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.fresh_process import call_in_fresh_process
+from benchmarks.machine import run_record
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.modules import sparse_multihead_attention
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -127,7 +128,7 @@ def main():
     missing = [str(path) for path in args.path if not path.is_file()]
     if missing:
         sys.exit(f"checkpoint not found: {', '.join(missing)}")
-
+    run_record(args.device)
     print(
         "| checkpoint | normalizer | generate s | in normalizers s | share | "
         + " | ".join(f"{kind} ms/call" for kind in ATTENTION_TYPES)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.commands import BIN
 from benchmarks.commands import run as run_command
-from benchmarks.machine import describe
+from benchmarks.machine import run_record
 from fairseq_entmax import USER_DIR
 
 # fairseq prints the time to 0.1 s, a small run's as 0.0 s, and the rate from the exact time.
@@ -148,12 +148,13 @@ def main(argv=None):
     if len(counts) != 1:
         sys.exit(f"the models translated different numbers of sentences ({sorted(counts)}): not the same test set")
     table, medians = speed_table(results, baseline)
+    record = run_record(args.device)
     about = (
-        f"{describe(args.device)}; {args.device}{' fp16' if args.fp16 else ''}, "
-        f"{args.threads or 'default'} threads; {counts.pop()} {args.subset} sentences of {args.data_bin}, beam "
-        f"{args.beam}, lenpen {args.lenpen}; median of {args.rounds} interleaved rounds"
+        f"{args.device}{' fp16' if args.fp16 else ''}, {args.threads or 'default'} threads; {counts.pop()} "
+        f"{args.subset} sentences of {args.data_bin}, beam {args.beam}, lenpen {args.lenpen}; median of "
+        f"{args.rounds} interleaved rounds"
     )
     print(f"\n{about}\n\n{table}")
     if args.json:
-        record = {"machine": about, "command": sys.argv, "rounds": results, "median": medians}
+        record |= {"about": about, "rounds": results, "median": medians}
         args.json.write_text(json.dumps(record, indent=2) + "\n")

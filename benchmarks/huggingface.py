@@ -42,7 +42,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MarianConfig, MarianMTMo
 from transformers.utils import logging as transformers_logging
 
 import fairseq_entmax.huggingface as sparse_hf
-from benchmarks.machine import describe
+from benchmarks.machine import describe, run_record
 
 # name -> sparsify options (None: the registered name alone); the first is every ratio's baseline.
 IMPLEMENTATIONS = {
@@ -322,6 +322,7 @@ def main(argv=None):
     report = measure(
         args.size, args.device, args.rounds, progress=lambda line: print(line, file=sys.stderr, flush=True)
     )
+    report |= run_record(args.device, machine=report["machine"])
     print(format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -247,10 +247,9 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    from benchmarks.machine import describe  # torch in this process only for the report
+    from benchmarks.machine import run_record  # torch in this process only for the report
 
-    print(f"machine: {describe(args.device)}", flush=True)
-    print(f"command: {' '.join(sys.argv)}", flush=True)
+    run_record(args.device)
     for setting_name in args.settings:
         runs = {label: [] for label, _ in ROWS}
         for round_ in range(args.rounds):

@@ -1,8 +1,11 @@
-"""The machine a benchmark ran on, as its report names it."""
+"""What a benchmark's report says of its run: the machine, the date, the commit and the command."""
 
 import os
 import platform
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,3 +27,27 @@ def describe(device="cpu"):
     if torch.device(device).type == "cuda":
         text += f", GPU {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}"
     return text
+
+
+def run_record(device="cpu", machine=None, command=None):
+    """The run's record, printed one "key: value" line each, for the report and its JSON.
+
+    Args: device: what describe() names; machine: the machine's description, when it says more than
+    describe() (None: describe(device)); command: the command line (None: sys.argv's).
+    Returns: {"machine", "date", "commit", "command"}: the commit is this checkout's, with "+changes" when the
+    working tree differs from it, or None outside a git checkout.
+    """
+    root = Path(__file__).resolve().parents[1]
+    git = ["git", "-C", str(root)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if commit and subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode:
+        commit += "+changes"
+    record = {
+        "machine": machine or describe(device),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": commit or None,
+        "command": command or " ".join(sys.argv),
+    }
+    for key, value in record.items():
+        print(f"{key}: {value}", flush=True)
+    return record

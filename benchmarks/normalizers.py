@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from benchmarks.machine import describe
+from benchmarks.machine import describe, run_record
 from fairseq_entmax.normalizers import alpha_entmax, entmax15, softmax, sparsemax, sync_free, topk_softmax
 
 try:
@@ -295,11 +295,9 @@ def memory_shape(shape, device, release_free_memory, path, dtype=torch.float32):
 
 
 def machine_description(device):
-    """The machine, for the results.
+    """The machine, for the results: describe()'s, with the entmax package's version where it is installed.
 
     Args: device: the torch.device measured.
-    Returns: The CPU, its logical CPUs, torch's version and threads, the GPU and the entmax package's version
-    where they apply, a str.
     """
     text = describe(device)
     if entmax_package is not None:
@@ -452,14 +450,12 @@ def main():
         f"forward+backward, {args.dtype}, {args.clock} time, median of {args.rounds} rounds, ours on the {path} path; "
         "ratios < 1 mean ours is faster"
     )
-    print(f"machine: {machine_description(device)}")
-    print(f"command: {' '.join(sys.argv)}")
+    record = run_record(device, machine_description(device))
     print(about)
     print(format_table(results, not args.no_memory))
     if args.json:
         report = {
-            "machine": machine_description(device),
-            "command": " ".join(sys.argv),
+            **record,
             "about": about,
             "dtype": args.dtype,
             "clock": args.clock,

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from fairseq import checkpoint_utils
 
+from benchmarks.machine import run_record
 from benchmarks.normalizers import CLOCKS, machine_description
 from benchmarks.revisions import export
 from fairseq_entmax.modules.sparse_multihead_attention import SparseMultiheadAttention
@@ -160,8 +161,7 @@ def main():
             "working tree": [module.function for module in modules],
             args.against: [getattr(baseline, FUNCTION_NAMES[module.name]) for module in modules],
         }
-        print(f"machine: {machine_description(torch.device('cpu'))}")
-        print(f"command: {' '.join(sys.argv)}")
+        run_record(machine=machine_description(torch.device("cpu")))
         print(f"clock: {args.clock} time")
         print(f"normalizers: {sorted({module.name for module in modules})}")
 

@@ -25,6 +25,7 @@ import torch
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
 # the normalizer benchmark's timing and memory measures
+from benchmarks.machine import run_record
 from benchmarks.normalizers import cpu_memory_setup, machine_description, peak_memory, time_once
 from fairseq_entmax.losses import fenchel_young_loss
 
@@ -158,8 +159,7 @@ def main():
         release_free_memory = cpu_memory_setup()
         memory = {shape: memory_shape(shape, release_free_memory) for shape in shapes}
     results = {shape: (times, memory.get(shape, {}), losses) for shape, (times, losses) in timings.items()}
-    print(f"machine: {machine_description(torch.device('cpu'))}")
-    print(f"command: {' '.join(sys.argv)}")
+    run_record(machine=machine_description(torch.device("cpu")))
     print(
         f"forward+backward of the summed loss, float32 CPU, median of {args.rounds} rounds; "
         "ratios < 1 mean faster or smaller"

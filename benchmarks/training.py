@@ -41,7 +41,7 @@ import torch
 
 from benchmarks.commands import BIN
 from benchmarks.commands import run as run_command
-from benchmarks.machine import describe
+from benchmarks.machine import run_record
 from fairseq_entmax import USER_DIR
 from fairseq_entmax.names import NORMALIZER_LABELS, NORMALIZER_NAMES
 
@@ -533,12 +533,11 @@ def main():
     bench = benchmark_run(parser.parse_args(), parser)
     args = bench.args
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="fairseq-entmax-bench-"))
-    print(f"machine: {describe(args.device)}; device: {args.device}; work dir: {work_root}", flush=True)
-    report = {
-        "machine": describe(args.device),
+    report = run_record(args.device)
+    print(f"work dir: {work_root}", flush=True)
+    report |= {
         "device": args.device,
         "fp16": args.fp16,
-        "command": " ".join(sys.argv),
         "memory": "peak GPU memory allocated by torch" if bench.cuda else "peak resident set size",
         "settings": {},
     }

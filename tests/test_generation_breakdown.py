@@ -24,8 +24,10 @@ def test_each_checkpoint_gets_a_row_with_its_normalizer_time(trained_model):
     softmax, alpha = trained_model("softmax"), trained_model("alpha_entmax")
     proc = breakdown(softmax.data_bin, "--path", softmax.checkpoint, alpha.checkpoint, "--len", 5)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # stdout is the table alone: fairseq-generate's log goes to stderr.
-    header, rule, *rows = proc.stdout.strip().splitlines()
+    # stdout is the run's record, then the table: fairseq-generate's log goes to stderr.
+    machine, date, commit, command, header, rule, *rows = proc.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in (machine, date, commit, command)] == ["machine", "date", "commit", "command"]
+    assert command.endswith(f"breakdown {softmax.data_bin} --path {softmax.checkpoint} {alpha.checkpoint} --len 5")
     assert header.split("|")[1:-1] == [
         " checkpoint ", " normalizer ", " generate s ", " in normalizers s ", " share ",
         " encoder_self ms/call ", " decoder_self ms/call ", " cross ms/call ",

@@ -31,7 +31,7 @@ from examples.translation.corpora import (
 from examples.translation.selection import BestCheckpoint, EpochAverages
 from fairseq_entmax.pipeline.evaluation import Decoding
 from fairseq_entmax.pipeline.tools import PipelineError
-from fairseq_entmax.pipeline.training import TrainSettings
+from fairseq_entmax.pipeline.training import TrainSettings, model_size_args
 
 PAPER = "paper, section 4"
 CODE = "authors' code"
@@ -405,24 +405,7 @@ SMOKE_TRAIN = TrainSettings(
     patience=0,
     keep_last_epochs=3,
     log_interval=50,
-    model_args=[
-        "--encoder-layers",
-        1,
-        "--decoder-layers",
-        1,
-        "--encoder-embed-dim",
-        64,
-        "--decoder-embed-dim",
-        64,
-        "--encoder-ffn-embed-dim",
-        128,
-        "--decoder-ffn-embed-dim",
-        128,
-        "--encoder-attention-heads",
-        4,
-        "--decoder-attention-heads",
-        4,
-    ],
+    model_args=model_size_args(layers=1, embed_dim=64, ffn_embed_dim=128, attention_heads=4),
 )
 
 # The IWSLT14 smoke mode: the authors' choices (post-norm, dropout 0.4, weight decay, epoch
