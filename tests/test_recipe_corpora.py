@@ -16,6 +16,7 @@ import pytest
 
 from examples.translation import corpora
 from fairseq_entmax.pipeline.corpus import check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.download import download
 from fairseq_entmax.pipeline.tokenization import scoring_tokenize
 from fairseq_entmax.pipeline.tools import PipelineError
 
@@ -392,7 +393,7 @@ def test_wmt14_concatenates_the_three_corpora_of_the_official_archives(tmp_path,
 def test_a_file_already_in_the_downloads_folder_is_not_fetched_again(tmp_path):
     path = tmp_path / "kftt-data-1.0.tar.gz"
     path.write_bytes(b"already here")
-    assert corpora.download("http://127.0.0.1:9/unreachable.tar.gz", path) == path
+    assert download("http://127.0.0.1:9/unreachable.tar.gz", path, "put it there by hand") == path
     assert path.read_bytes() == b"already here"
 
 

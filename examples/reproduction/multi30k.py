@@ -7,13 +7,9 @@ The checksums are of the gunzipped files (train, val, test_2016_flickr), so a re
 on a mirror passes as long as its text is the official one.
 """
 
-import gzip
-import hashlib
-import shutil
-import urllib.request
 from pathlib import Path
 
-from fairseq_entmax.pipeline.tools import PipelineError, log
+from fairseq_entmax.pipeline.download import download
 
 OFFICIAL_SOURCE = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 DEFAULT_CACHE = Path.home() / ".cache" / "fairseq-entmax" / "multi30k"
@@ -37,19 +33,9 @@ def _url(source, name):
     return (Path(source) / name).resolve().as_uri()
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_multi30k(cache_dir=DEFAULT_CACHE, source=OFFICIAL_SOURCE):
-    """The folder of Multi30k's train/valid/test.{de,en}, downloading the files not cached yet.
-
-    Each file is written under a temporary name, gunzipped, and renamed into the cache only once its checksum
-    matches: the cache never holds a partial or unchecked file.
+    """The folder of Multi30k's train/valid/test.{de,en}, downloading the files not cached yet, each kept only
+    once its checksum matches (pipeline.download).
 
     Args: cache_dir: the cache folder (created if needed); source: where the official `<stem>.<lang>.gz` files
     are: a URL (https://, file://) or a local folder.
@@ -57,32 +43,9 @@ def fetch_multi30k(cache_dir=DEFAULT_CACHE, source=OFFICIAL_SOURCE):
     Raises PipelineError: a file cannot be downloaded (offline, not found, not gzip) or its checksum differs;
     the message names the file, the URL and `--data DIR`.
     """
-    cache_dir = Path(cache_dir)
     for split, stem in OFFICIAL_STEMS.items():
         for lang in LANGUAGES:
-            target = cache_dir / f"{split}.{lang}"
-            if target.exists():
-                continue
-            url = _url(source, f"{stem}.{lang}.gz")
-            what = f"Multi30k's {stem}.{lang} (for {target})"
+            name = f"{split}.{lang}"
             instead = "give a folder with train/valid/test.{de,en} as --data DIR instead"
-            partial = target.with_name(target.name + ".part")
-            log(f"downloading {url}")
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            try:
-                with urllib.request.urlopen(url, timeout=60) as response, gzip.GzipFile(fileobj=response) as text:
-                    with open(partial, "wb") as out:
-                        shutil.copyfileobj(text, out)
-                digest = _sha256(partial)
-                if digest != SHA256[target.name]:
-                    raise PipelineError(
-                        f"{what} from {url} has sha256 {digest}, not the recorded {SHA256[target.name]}: "
-                        f"not the official text; {instead}"
-                    )
-                partial.replace(target)
-            except (OSError, EOFError, ValueError) as error:
-                # urllib's URLError and gzip's BadGzipFile are OSErrors
-                raise PipelineError(f"cannot download {what} from {url} ({error}); {instead}") from error
-            finally:
-                partial.unlink(missing_ok=True)
-    return cache_dir
+            download(_url(source, f"{stem}.{lang}.gz"), Path(cache_dir) / name, instead, SHA256[name], gunzip=True)
+    return Path(cache_dir)

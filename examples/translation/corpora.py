@@ -12,8 +12,6 @@ import re
 import shutil
 import tarfile
 import unicodedata
-import urllib.error
-import urllib.request
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -31,39 +29,6 @@ PRETOKENIZED_TASKS = ("kftt", "iwslt14")
 
 
 # --------------------------------------------------------------------------- downloading
-
-
-def download(url, dest):
-    """Fetch a file (skipped when it exists: put files there by hand when offline).
-
-    Args: url: what to fetch; dest: where to write it (written under a .part name first).
-    Returns: `dest`, a Path.
-    Raises PipelineError: the download failed; the message says where to put the file by hand.
-    """
-    dest = Path(dest)
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {url}")
-    partial = dest.with_suffix(dest.suffix + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-            total = int(response.headers.get("Content-Length") or 0)
-            done, next_report = 0, 0
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
-                done += len(chunk)
-                if done >= next_report:
-                    log(f"  {done >> 20} MiB" + (f" of {total >> 20} MiB" if total else ""))
-                    next_report = done + (50 << 20)
-    except (urllib.error.URLError, OSError) as error:
-        partial.unlink(missing_ok=True)
-        raise PipelineError(
-            f"could not download {url} ({error}). Offline? Copy that file to {dest} yourself, or give "
-            "--raw-dir DIR with plain text train/valid/test.{src,tgt}."
-        ) from None
-    partial.rename(dest)
-    return dest
 
 
 def _split_lines(text):

@@ -38,12 +38,12 @@ import sys
 import time
 from pathlib import Path
 
-from examples.translation.corpora import download
 from examples.translation.tasks import SMOKE_BPE_MERGES, TASKS, batch_shape, experiment_of, tokenized_bleu_note
 from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.pipeline.attention_analysis import analysis_step
 from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
 from fairseq_entmax.pipeline.dataset import dataset_steps
+from fairseq_entmax.pipeline.download import download
 from fairseq_entmax.pipeline.evaluation import Model
 from fairseq_entmax.pipeline.markers import done_with, mark_done
 from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
@@ -352,9 +352,10 @@ def prepare_steps(args, plan):
     else:
         for url, name in task.downloads:
             path = layout.work / "downloads" / name
+            instead = f"offline? Copy that file to {path} yourself, or give --raw-dir DIR with plain text "
             yield call_step(
-                f"# prepare: download {url} -> {path} (corpora.download)",
-                lambda url=url, path=path: download(url, path),
+                f"# prepare: download {url} -> {path} (pipeline.download)",
+                lambda url=url, path=path, instead=instead: download(url, path, instead + "train/valid/test.{src,tgt}"),
                 skip=prepared,
             )
         yield call_step(

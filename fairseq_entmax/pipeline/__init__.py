@@ -2,6 +2,7 @@
 recipes and the reduced-scale reproduction, so that all of them run the same code. Each stage
 is a thin layer over the tool that does the work:
 
+- download: official corpora fetched, kept only once complete and checked
 - corpus: reading and checking the line-aligned parallel text
 - tokenization: Moses tokenisation and detokenisation (sacremoses)
 - bpe: joint BPE (subword-nmt) and the cleaning of training pairs
