@@ -305,58 +305,12 @@ def machine_description(device):
     return text
 
 
-def format_table(results, measure_memory):
-    """The results table.
+def results_rows(results):
+    """The results, one row per shape and normalizer, the ratios beside them: what the table shows and --json
+    writes.
 
-    Args: results: {shape: (medians, memory, differences)}, as time_shape and memory_shape return them;
-    measure_memory: whether to show the memory columns.
-    Returns: A Markdown table.
-    """
-    header = (
-        "| shape (b*h, q, k) | normalizer | ours ms | package ms | ours/package | ours/softmax |"
-        + (" ours MiB | package MiB | softmax MiB |" if measure_memory else "")
-        + " max abs diff |"
-    )
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for shape, (medians, memory, differences) in results.items():
-        softmax_ms = medians[("torch.softmax", "ours")]
-        for name, _, _package in methods():
-            if name == "torch.softmax":
-                continue
-            ours_ms = medians[(name, "ours")]
-            package_ms = medians.get((name, "package"))
-            row = [
-                "x".join(map(str, shape)),
-                name,
-                f"{ours_ms:.1f}",
-                f"{package_ms:.1f}" if package_ms is not None else "-",
-                f"{ours_ms / package_ms:.2f}" if package_ms is not None else "-",
-                f"{ours_ms / softmax_ms:.2f}",
-            ]
-            if measure_memory:
-                package_mib = memory.get((name, "package"))
-                row += [
-                    f"{memory[(name, 'ours')]:.0f}",
-                    f"{package_mib:.0f}" if package_mib is not None else "-",
-                    f"{memory[('torch.softmax', 'ours')]:.0f}",
-                ]
-            row.append(f"{differences[name]:.1e}" if name in differences else "-")
-            lines.append("| " + " | ".join(row) + " |")
-        lines.append(
-            "| "
-            + "x".join(map(str, shape))
-            + f" | torch.softmax | {softmax_ms:.1f} | - | - | 1.00 |"
-            + (f" {memory[('torch.softmax', 'ours')]:.0f} | - | - |" if measure_memory else "")
-            + " - |"
-        )
-    return "\n".join(lines)
-
-
-def results_json(results):
-    """The results as JSON-ready rows, one per shape and normalizer, the ratios beside them.
-
-    Args: results: {shape: (medians, memory, differences)}, as format_table takes them.
-    Returns: A list of dicts (None where a figure was not measured).
+    Args: results: {shape: (medians, memory, differences)}, as time_shape and memory_shape return them.
+    Returns: A list of dicts (None where a figure was not measured), torch.softmax's first for each shape.
     """
     rows = []
     for shape, (medians, memory, differences) in results.items():
@@ -378,6 +332,35 @@ def results_json(results):
                 }
             )
     return rows
+
+
+# The table's columns: (title, key of results_rows, format); memory columns only when measured.
+COLUMNS = [
+    ("ours ms", "ours_ms", ".1f"),
+    ("package ms", "package_ms", ".1f"),
+    ("ours/package", "ours_over_package", ".2f"),
+    ("ours/softmax", "ours_over_softmax", ".2f"),
+]
+MEMORY_COLUMNS = [
+    ("ours MiB", "ours_mib", ".0f"),
+    ("package MiB", "package_mib", ".0f"),
+    ("softmax MiB", "softmax_mib", ".0f"),
+]
+
+
+def format_table(rows, measure_memory):
+    """The results table.
+
+    Args: rows: results_rows's; measure_memory: whether to show the memory columns.
+    Returns: A Markdown table ("-" where a figure was not measured).
+    """
+    columns = COLUMNS + (MEMORY_COLUMNS if measure_memory else []) + [("max abs diff", "max_abs_diff", ".1e")]
+    lines = ["| shape (b*h, q, k) | normalizer | " + " | ".join(title for title, _, _ in columns) + " |"]
+    lines.append("|" + "---|" * (len(columns) + 2))
+    for row in rows:
+        cells = ["-" if row[key] is None else format(row[key], spec) for _, key, spec in columns]
+        lines.append(f"| {'x'.join(map(str, row['shape']))} | {row['normalizer']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def build_parser():
@@ -452,7 +435,8 @@ def main():
     )
     record = run_record(device, machine_description(device))
     print(about)
-    print(format_table(results, not args.no_memory))
+    rows = results_rows(results)
+    print(format_table(rows, not args.no_memory))
     if args.json:
         report = {
             **record,
@@ -460,7 +444,7 @@ def main():
             "dtype": args.dtype,
             "clock": args.clock,
             "path": path,
-            "rows": results_json(results),
+            "rows": rows,
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

@@ -265,7 +265,6 @@ def setting_report(report, name, about, results, json_path):
     Args: report: the whole report (its "settings" gets this one's entry); name: the setting's name; about:
     what was run, a str; results: {model: {"wps", "memory", "sps": lists of measurements}}, the baseline
     first; a model with no training measured yet is left out; json_path: None, or the file written.
-    Returns: {model: {"wps", "memory", "sps": the median, or None where none was measured}}.
     """
     # A generation too short to be timed gave None (generate): the median is of the others.
     median = {
@@ -274,7 +273,7 @@ def setting_report(report, name, about, results, json_path):
         if r["wps"]
     }
     if not median:
-        return median
+        return
     base = next(iter(median.values()))
     report["settings"][name] = {
         "about": about,
@@ -293,7 +292,6 @@ def setting_report(report, name, about, results, json_path):
     }
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return median
 
 
 def median_of_measured(values):
@@ -306,24 +304,27 @@ def median_of_measured(values):
     return statistics.median(measured) if measured else None
 
 
-def results_table(median, memory_label):
+def results_table(models, memory_label):
     """The results of one setting as a Markdown table, each figure beside its ratio to the baseline (the first
     model).
 
-    Args: median: {model: {"wps", "memory", "sps" (None where not measured)}}, the baseline first;
-    memory_label: the memory column's title.
-    Returns: The table, a str.
+    Args: models: the setting's report entry's "models" (setting_report); memory_label: the memory column's
+    title.
+    Returns: The table, a str ("-" where generation was not measured).
     """
-    base = next(iter(median.values()))
     lines = [
         f"| model | train words/s | ratio | {memory_label} | ratio | generate sent/s | ratio |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model, m in median.items():
-        sps = "- | -" if None in (m["sps"], base["sps"]) else f"{m['sps']:.2f} | {m['sps'] / base['sps']:.2f}"
+    for m in models.values():
+        sps = (
+            "- | -"
+            if m["generate_sentences_per_s_ratio"] is None
+            else (f"{m['generate_sentences_per_s']:.2f} | {m['generate_sentences_per_s_ratio']:.2f}")
+        )
         lines.append(
-            f"| {label(model)} | {m['wps']:.0f} | {m['wps'] / base['wps']:.2f} | {m['memory']:.0f} | "
-            f"{m['memory'] / base['memory']:.2f} | {sps} |"
+            f"| {m['label']} | {m['train_words_per_s']:.0f} | {m['train_words_per_s_ratio']:.2f} | "
+            f"{m['peak_memory_mib']:.0f} | {m['peak_memory_ratio']:.2f} | {sps} |"
         )
     return "\n".join(lines)
 
@@ -521,9 +522,9 @@ def measure_setting(bench, name, work, report):
         f"{', fp16' if args.fp16 else ''}, {generation}; median of {args.rounds} rounds"
         + (f" (generation: of {args.rounds * args.gen_repeats} runs)" if generated else "")
     )
-    median = setting_report(report, name, about, results, args.json)
+    setting_report(report, name, about, results, args.json)
     print(f"\n### {name}: {about}\n")
-    print(results_table(median, bench.memory_label))
+    print(results_table(report["settings"][name]["models"], bench.memory_label))
     print(flush=True)
 
 
