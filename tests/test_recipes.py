@@ -330,6 +330,28 @@ def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
     assert corpus.count_lines(path) == 2
 
 
+def test_first_lines_of_a_corpus_keep_the_alignment_and_leave_the_same_text_alone(tmp_path):
+    """The smaller corpus of the reproduction's budgets and of the convergence sizes."""
+    source = tmp_path / "corpus"
+    source.mkdir()
+    files = {}
+    for split in corpus.SPLITS:
+        for lang in ("de", "en"):
+            (source / f"{split}.{lang}").write_text("".join(f"{split} {lang} {i}\u2028x\n" for i in range(5)))
+        files[split] = (source / f"{split}.de", source / f"{split}.en")
+    into = tmp_path / "small"
+    corpus.write_first_lines(files, {"train": 3, "test": None}, into)
+    assert corpus.check_parallel_corpus({s: (into / f"{s}.de", into / f"{s}.en") for s in corpus.SPLITS}) == {
+        "train": 3,
+        "valid": 5,
+        "test": 5,
+    }
+    assert corpus.read_lines(into / "train.en") == [f"train en {i}\u2028x" for i in range(3)]
+    written = (into / "valid.de").stat().st_mtime_ns
+    corpus.write_first_lines(files, {"train": 2}, into)
+    assert (into / "valid.de").stat().st_mtime_ns == written and corpus.count_lines(into / "train.de") == 2
+
+
 def test_checkpoint_last_cut_short_by_an_interrupt_is_replaced_by_the_newest_complete_one(tmp_path):
     torch.save({"num_updates": 10}, tmp_path / "checkpoint1.pt")
     torch.save({"num_updates": 20}, tmp_path / "checkpoint2.pt")

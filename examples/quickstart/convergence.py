@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from examples.quickstart.quickstart import NORMALIZERS, OWN_CORPUS, PATIENCE, SIZES, count_training_tokens
-from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, write_first_lines
 from fairseq_entmax.pipeline.runner import call_step, command_step, dry_run, run_steps
 from fairseq_entmax.pipeline.tables import format_seconds
 from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_logged, run_reporting_errors
@@ -83,20 +83,6 @@ def model_row(save_dir, patience):
     }
 
 
-def write_subset(files, n_pairs, into):
-    """The first n_pairs training pairs and the whole valid and test sets, written to `into` as the quickstart
-    reads a corpus (a file already holding the same text is left alone).
-    """
-    into.mkdir(parents=True, exist_ok=True)
-    for split, pair in files.items():
-        for path in pair:
-            lines = read_lines(path)[:n_pairs] if split == "train" else read_lines(path)
-            text = "".join(line + "\n" for line in lines)
-            target = into / path.name
-            if not target.exists() or target.read_text(encoding="utf-8") != text:
-                target.write_text(text, encoding="utf-8")
-
-
 def convergence_steps(args, files, rows):
     """For each size: its subset written, the quickstart run on it, and its rows read from the models' validation
     curves.
@@ -124,8 +110,8 @@ def convergence_steps(args, files, rows):
         steps += [
             call_step(
                 f"# subset: the first {n_pairs} training pairs of {args.data}, valid and test whole -> {data} "
-                "(convergence.write_subset)",
-                lambda n_pairs=n_pairs, data=data: write_subset(files, n_pairs, data),
+                "(corpus.write_first_lines)",
+                lambda n_pairs=n_pairs, data=data: write_first_lines(files, {"train": n_pairs}, data),
             ),
             command_step(command, quickstart),
             call_step(

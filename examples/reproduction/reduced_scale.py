@@ -32,7 +32,7 @@ from scipy.stats import t as student_t
 from examples.reproduction import multi30k
 from fairseq_entmax.names import NORMALIZER_NAMES
 from fairseq_entmax.pipeline.attention_analysis import analysis_step
-from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines
+from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, read_lines, write_first_lines
 from fairseq_entmax.pipeline.dataset import dataset_steps
 from fairseq_entmax.pipeline.evaluation import Decoding, Model, References, model_steps
 from fairseq_entmax.pipeline.markers import done_with, mark_done
@@ -222,11 +222,6 @@ def main(argv=None):
     return run_reporting_errors(run, parse_args(argv))
 
 
-def _take_lines(in_path, out_path, n):
-    lines = read_lines(in_path)
-    Path(out_path).write_text("\n".join(lines[:n] if n else lines) + "\n", encoding="utf-8")
-
-
 def budget_settings(budget):
     """The TrainSettings of a budget.
 
@@ -344,10 +339,7 @@ def prepare_corpus(data, raw_dir, limits, budget_name):
     # A corpus prepared from other data or with other limits is refused, not reused.
     prepared_from = {"data": str(Path(data).resolve()), "lines": limits}
     if not done_with(raw_dir / "prepare.done", prepared_from, "the prepared corpus"):
-        raw_dir.mkdir(parents=True, exist_ok=True)
-        for split, pair in files.items():
-            for lang, path in zip((SRC, TGT), pair):
-                _take_lines(path, raw_dir / f"{split}.{lang}", limits[split])
+        write_first_lines(files, limits, raw_dir)
         mark_done(raw_dir / "prepare.done", settings=prepared_from)
     counts = check_parallel_corpus({s: (raw_dir / f"{s}.{SRC}", raw_dir / f"{s}.{TGT}") for s in SPLITS})
     log(f"{Path(data).name} ({budget_name} budget): " + ", ".join(f"{s} {n} pairs" for s, n in counts.items()))

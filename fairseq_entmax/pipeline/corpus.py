@@ -87,3 +87,21 @@ def check_parallel_corpus(files):
             raise PipelineError(f"{split}: {source} or {target} has no text: the corpus is empty.")
         counts[split] = n_source
     return counts
+
+
+def write_first_lines(files, limits, into):
+    """A smaller corpus: the first lines of each split's files, written into a folder under the same names. A
+    file that already holds the same text is left alone, so that a rerun keeps what was made from it.
+
+    Args:
+        files: {split: (source file, target file)}.
+        limits: {split: the lines kept}; a split not there, or None, is kept whole.
+        into: the folder.
+    """
+    Path(into).mkdir(parents=True, exist_ok=True)
+    for split, pair in files.items():
+        for path in pair:
+            text = "".join(line + "\n" for line in read_lines(path)[: limits.get(split)])
+            target = Path(into) / Path(path).name
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                target.write_text(text, encoding="utf-8")
