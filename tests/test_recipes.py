@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from examples.translation import selection, tasks
+from examples.translation import recipe, selection, tasks
 from fairseq_entmax.pipeline import (
     attention_analysis,
     checkpoints,
@@ -328,6 +328,32 @@ def test_read_lines_keeps_alignment_with_unicode_separators(tmp_path):
     path.write_text("eins\u2028zwei\nline two\r\n", encoding="utf-8")
     assert corpus.read_lines(path) == ["eins\u2028zwei", "line two "]
     assert corpus.count_lines(path) == 2
+
+
+def test_results_of_several_seeds_give_each_normalizers_difference_to_softmax(tmp_path, capsys):
+    """--seed 1 2: the report pairs each normalizer with softmax of the same seed, in every score."""
+    args = recipe.parse_args(["iwslt17", "--smoke", "--seed", "1", "2", "--work-dir", str(tmp_path)])
+    plan = recipe.Plan(args, recipe.experiment_settings(args, 1, cpu=True), 1, True)
+    bleu = {("softmax", 1): 20.0, ("alpha_entmax", 1): 21.0, ("softmax", 2): 22.0, ("alpha_entmax", 2): 22.0}
+    plan.rows = [
+        {"model": model, "seed": seed, "selection": "best", "bleu": value, "bleu_tok": value + 1, "chrf": 2 * value}
+        | {"best_valid_accuracy": 50.0, "train_seconds": 60.0, "bleu_tok_signature": "tok", "bleu_signature": "b"}
+        | {"chrf_signature": "c"}
+        for (model, seed), value in bleu.items()
+    ]
+    plan.counts = {"train": 3, "valid": 2, "test": 2}
+    recipe.write_results(args, plan, started=0.0)
+    report = (tmp_path / "results-seed1-2.md").read_text()
+    assert report in capsys.readouterr().out
+    # BLEU differences 1 and 0: mean 0.5 ± t(0.975, 1) 12.706 x sd 0.707 / sqrt(2) = 0.5 ± 6.35; chrF twice that.
+    assert "| alpha_entmax | 1, 2 | +0.50 [-5.85, +6.85] | +0.50 [-5.85, +6.85] | +1.00 [-11.71, +13.71] " in report
+    assert "| +0.00 [+0.00, +0.00] |" in report and "Difference to softmax of the same seed" in report
+    rows = [row for row in plan.rows if row["seed"] == 1]
+    args = recipe.parse_args(["iwslt17", "--smoke", "--seed", "1", "--work-dir", str(tmp_path)])
+    plan = recipe.Plan(args, recipe.experiment_settings(args, 1, cpu=True), 1, True)
+    plan.rows, plan.counts = rows, {"train": 3, "valid": 2, "test": 2}
+    recipe.write_results(args, plan, started=0.0)
+    assert "Difference to softmax" not in (tmp_path / "results-seed1.md").read_text()
 
 
 def test_first_lines_of_a_corpus_keep_the_alignment_and_leave_the_same_text_alone(tmp_path):

@@ -17,14 +17,12 @@ from types import SimpleNamespace
 import pytest
 
 from examples.reproduction import reduced_scale
-from examples.reproduction.reduced_scale import (
+from examples.reproduction.reduced_scale import parse_args, planned_runs, summarize
+from fairseq_entmax.pipeline.seeds import (
     format_difference,
     paired_differences,
     paired_differences_table,
     paired_interval,
-    parse_args,
-    planned_runs,
-    summarize,
 )
 from helpers import assert_run_executed_its_dry_run, run, run_main
 

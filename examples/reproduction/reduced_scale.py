@@ -21,13 +21,10 @@ import argparse
 import functools
 import json
 import logging
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
-
-from scipy.stats import t as student_t
 
 from examples.reproduction import multi30k
 from fairseq_entmax.names import NORMALIZER_NAMES
@@ -37,6 +34,13 @@ from fairseq_entmax.pipeline.dataset import dataset_steps
 from fairseq_entmax.pipeline.evaluation import Decoding, Model, References, model_steps
 from fairseq_entmax.pipeline.markers import done_with, mark_done
 from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
+from fairseq_entmax.pipeline.seeds import (
+    BASELINE,
+    PAIRED_METRICS,
+    mean_spread,
+    paired_differences,
+    paired_differences_section,
+)
 from fairseq_entmax.pipeline.tables import format_seconds, format_table
 from fairseq_entmax.pipeline.tokenization import detokenize_lines
 from fairseq_entmax.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
@@ -45,7 +49,6 @@ from fairseq_entmax.pipeline.training import TrainSettings, model_size_args
 REPO = Path(__file__).resolve().parents[2]
 SRC, TGT = "de", "en"
 PAPER_NORMALIZERS = ("softmax", "entmax15", "alpha_entmax")
-BASELINE = "softmax"
 
 # The paper's recipe scaled down (examples/translation/tasks.py has the full-size one):
 # pre-norm, dropout 0.1 on the residuals, the attention weights and the ReLU output, Adam
@@ -113,15 +116,6 @@ BUDGETS = {
         "max_len": (1.2, 10),
     },
 }
-
-# The scores compared with softmax seed by seed: (result row key, column title).
-PAIRED_METRICS = (
-    ("bleu_tok", "tok BLEU"),
-    ("bleu", "sacreBLEU"),
-    ("chrf", "chrF"),
-    ("best_valid_accuracy", "valid accuracy"),
-)
-CONFIDENCE = 0.95
 
 
 def model_spec(text):
@@ -445,94 +439,6 @@ def learning_curves_figure(curves, path):
     return plot_learning_curves(group_by_normalizer(curves.items()), path)
 
 
-def _mean_spread(values, digits=2):
-    """'mean ± sample standard deviation' over seeds (just the value for one seed)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
-def paired_interval(differences, confidence=CONFIDENCE):
-    """The mean of paired differences with its t-interval.
-
-    Args: differences: one difference per seed (normalizer minus baseline); confidence: the interval's
-    coverage.
-    Returns: {"n", "mean", "sd", "low", "high"}: the mean difference and the interval mean ± t * sd / sqrt(n),
-    t the (1 + confidence) / 2 quantile of Student's t with n - 1 degrees of freedom; sd, low and high are
-    None below two differences (mean too for none).
-    """
-    n = len(differences)
-    result = {"n": n, "mean": statistics.mean(differences) if n else None, "sd": None, "low": None, "high": None}
-    if n >= 2:
-        sd = statistics.stdev(differences)
-        half = float(student_t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-        result.update(sd=sd, low=result["mean"] - half, high=result["mean"] + half)
-    return result
-
-
-def paired_differences(rows, metric, baseline=BASELINE):
-    """Each normalizer's difference to the baseline of the same seed, with its interval.
-
-    Args: rows: the result rows (model, seed and `metric` each); metric: the row key compared ("bleu", "chrf",
-    "best_valid_accuracy", ...); baseline: the normalizer compared against.
-    Returns: {normalizer: {"seeds", "differences", **paired_interval}} over the seeds where both the
-    normalizer and the baseline have a value, normalizers in the order of the rows; a normalizer with no such
-    seed is left out.
-    """
-    values = {}
-    for row in rows:
-        values.setdefault(row["model"], {})[row["seed"]] = row.get(metric)
-    base = values.get(baseline, {})
-    result = {}
-    for normalizer, by_seed in values.items():
-        if normalizer == baseline:
-            continue
-        seeds = sorted(s for s, v in by_seed.items() if v is not None and base.get(s) is not None)
-        if seeds:
-            differences = [by_seed[s] - base[s] for s in seeds]
-            result[normalizer] = {"seeds": seeds, "differences": differences, **paired_interval(differences)}
-    return result
-
-
-def format_difference(entry, digits=2):
-    """A paired difference as the report shows it.
-
-    Args: entry: a normalizer's entry of paired_differences, or None; digits: decimals.
-    Returns: "+0.26 [-1.23, +1.75]" (the mean and the interval), "+0.95 (1 seed)" without an interval, "-"
-    without a difference.
-    """
-    if entry is None:
-        return "-"
-    mean = f"{entry['mean']:+.{digits}f}"
-    if entry["low"] is None:
-        return f"{mean} ({entry['n']} seed)"
-    return f"{mean} [{entry['low']:+.{digits}f}, {entry['high']:+.{digits}f}]"
-
-
-def paired_differences_table(rows, baseline=BASELINE):
-    """The table of the differences to the baseline, one line per other normalizer.
-
-    Args: rows: the result rows; baseline: the normalizer compared against.
-    Returns: The Markdown lines; empty when no normalizer shares a seed with the baseline.
-    """
-    differences = {metric: paired_differences(rows, metric, baseline) for metric, _ in PAIRED_METRICS}
-    normalizers = list(differences["bleu"])
-    if not normalizers:
-        return []
-    lines = [
-        "| model | seeds | " + " | ".join(title for _, title in PAIRED_METRICS) + " |",
-        "|---|---|" + "---|" * len(PAIRED_METRICS),
-    ]
-    for normalizer in normalizers:
-        seeds = ", ".join(str(s) for s in differences["bleu"][normalizer]["seeds"])
-        cells = [format_difference(differences[metric].get(normalizer)) for metric, _ in PAIRED_METRICS]
-        lines.append(f"| {normalizer} | {seeds} | " + " | ".join(cells) + " |")
-    return lines
-
-
 _SHORT = {"encoder_self": "enc", "decoder_self": "dec", "cross": "cross"}
 SPECIALISED_HEADS = (("positional", "positional"), ("bpe_merging", "BPE-merging"), ("interrogation", "interrogation"))
 
@@ -553,10 +459,10 @@ def heads_table(by_normalizer):
     header += [f"{title} heads" for _, title in SPECIALISED_HEADS]
     lines = ["| model | " + " | ".join(header) + " | seeds |", "|---|" + "---|" * (len(header) + 1)]
     for normalizer, group in by_normalizer.items():
-        cells = [_mean_spread([(r.get("density") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
-        cells += [_mean_spread([(r.get("js") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
+        cells = [mean_spread([(r.get("density") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
+        cells += [mean_spread([(r.get("js") or {}).get(t) for r in group], 3) for t in ATTENTION_TYPES]
         cells += [
-            _mean_spread([(r.get("specialised_heads") or {}).get(kind) for r in group], 1)
+            mean_spread([(r.get("specialised_heads") or {}).get(kind) for r in group], 1)
             for kind, _ in SPECIALISED_HEADS
         ]
         lines.append(f"| {normalizer} | " + " | ".join(cells) + f" | {len(group)} |")
@@ -585,13 +491,13 @@ def normalizer_rows(by_normalizer):
     for normalizer, group in by_normalizer.items():
         stops = sorted({"patience" if r.get("stopped_early") else "cap" for r in group})
         lines.append(
-            f"| {normalizer} | {_mean_spread([r['bleu_tok'] for r in group])} "
-            f"| {_mean_spread([r['bleu'] for r in group])} "
-            f"| {_mean_spread([r['chrf'] for r in group])} "
-            f"| {_mean_spread([r.get('best_valid_accuracy') for r in group])} "
-            f"| {_mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
-            f"| {_mean_spread([r.get('best_update') for r in group], digits=0)} "
-            f"| {_mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
+            f"| {normalizer} | {mean_spread([r['bleu_tok'] for r in group])} "
+            f"| {mean_spread([r['bleu'] for r in group])} "
+            f"| {mean_spread([r['chrf'] for r in group])} "
+            f"| {mean_spread([r.get('best_valid_accuracy') for r in group])} "
+            f"| {mean_spread([r.get('best_valid_ppl', r.get('valid_ppl')) for r in group])} "
+            f"| {mean_spread([r.get('best_update') for r in group], digits=0)} "
+            f"| {mean_spread([r.get('updates') for r in group], digits=0)} | {', '.join(stops)} "
             f"| {format_seconds(statistics.mean(r['train_seconds'] for r in group))} | {len(group)} |"
         )
     return lines
@@ -650,16 +556,7 @@ def summarize(rows, args, counts, budget, significance, figure):
         "accuracy (the evaluated checkpoint when the selection is the best one); best update: the update of "
         "that validation; updates: trained in all; stopped by: the patience or the update cap.",
     ]
-    differences = paired_differences_table(rows)
-    if differences:
-        lines += [
-            "",
-            f"Difference to {BASELINE} of the same seed (normalizer minus {BASELINE}), mean over the seeds "
-            f"[{CONFIDENCE:.0%} t-interval over the paired differences, n - 1 degrees of freedom; an interval "
-            "that holds 0 shows no difference at that confidence; one seed gives no interval]:",
-            "",
-            *differences,
-        ]
+    lines += paired_differences_section(rows)
     if significance:
         lines += ["", *significance_table(significance)]
     heads = heads_table(by_normalizer)

@@ -47,6 +47,7 @@ from fairseq_entmax.pipeline.download import download
 from fairseq_entmax.pipeline.evaluation import Model
 from fairseq_entmax.pipeline.markers import done_with, mark_done
 from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
+from fairseq_entmax.pipeline.seeds import paired_differences_section
 from fairseq_entmax.pipeline.tables import format_seconds
 from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 
@@ -485,6 +486,8 @@ def write_results(args, plan, started):
     ]
     tables, bleu_note = plan.selection.report(plan, rows)
     lines += tables
+    if len(args.seed) > 1:
+        lines += paired_differences_section([row for row in rows if row["selection"] == plan.selection.reported])
     lines += [
         "",
         f"tok BLEU: {rows[0]['bleu_tok_signature']}; {bleu_note}",

@@ -14,6 +14,7 @@ is a thin layer over the tool that does the work:
 - evaluation: fairseq-generate and the scores (sacrebleu); a model's steps from training to scores
 - attention_analysis: fairseq-entmax-analyze (density, learned alphas, figures)
 - tables: the results table
+- seeds: normalizers compared over training seeds (differences to softmax paired by seed)
 - markers, tools: the `<stage>.done` markers that let a rerun skip finished stages, and
   running the tools, with the errors the scripts report (exit status 2 for a problem the user
   can fix, 1 for a failing tool)
