@@ -247,10 +247,29 @@ def method_entries(path):
     return entries, place_of
 
 
+def median_times(timers, rounds, label):
+    """Each timer's median over rounds. Each round runs every timer once, in an order shuffled per round, so
+    that what one leaves behind (caches, allocator state) does not always fall on the same next one, and a
+    machine whose speed drifts slows all of them alike. One untimed call of each warms up first.
+
+    Args: timers: {key: function of no arguments that returns the seconds of one timed call}; rounds: timed
+    rounds; label: what the progress lines on stderr name.
+    Returns: {key: median seconds}.
+    """
+    for timer in timers.values():
+        timer()
+    times = {key: [] for key in timers}
+    order = random.Random(0)
+    for round_index in range(rounds):
+        for key in order.sample(list(timers), len(timers)):
+            times[key].append(timers[key]())
+        print(f"  {label}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
 def time_shape(shape, rounds, device, path, dtype=torch.float32, clock=time.perf_counter):
-    """Median forward+backward milliseconds per method, and our max abs difference to the package. Each round
-    times every method once, in an order shuffled per round, so that what one method leaves behind (caches,
-    allocator state) does not always fall on the same next one.
+    """Median forward+backward milliseconds per method (median_times), and our max abs difference to the
+    package.
 
     Args: shape: (batch * heads, queries, keys); rounds: timed rounds; device: a torch.device; path: which of
     our paths (a key of PATHS); dtype: the scores' (shape_inputs); clock: a value of CLOCKS.
@@ -259,15 +278,12 @@ def time_shape(shape, rounds, device, path, dtype=torch.float32, clock=time.perf
     """
     scores, alpha_logits, upstream = shape_inputs(shape, device, dtype)
     entries, place_of = method_entries(path)
-    for _, _, fn in entries:  # warm-up
-        forward_backward(fn, scores, alpha_logits, upstream)
-    times = {(name, which): [] for name, which, _ in entries}
-    order = random.Random(0)
-    for round_index in range(rounds):
-        for name, which, fn in order.sample(entries, len(entries)):
-            times[(name, which)].append(time_once(fn, scores, alpha_logits, upstream, device, clock))
-        print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
-    medians = {place: statistics.median(times[key]) * 1e3 for place, key in place_of.items()}
+    timers = {
+        (name, which): functools.partial(time_once, fn, scores, alpha_logits, upstream, device, clock)
+        for name, which, fn in entries
+    }
+    times = median_times(timers, rounds, shape)
+    medians = {place: times[key] * 1e3 for place, key in place_of.items()}
     with torch.no_grad():
         differences = {}
         for name, ours, package in methods(path):

@@ -17,8 +17,7 @@ Run:  python -m benchmarks.maps losses [--rounds N] [--shapes 4096x8000 ...] [--
 """
 
 import argparse
-import random
-import statistics
+import functools
 import sys
 
 import torch
@@ -26,7 +25,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_l
 
 # the normalizer benchmark's timing and memory measures
 from benchmarks.machine import run_record
-from benchmarks.normalizers import cpu_memory_setup, machine_description, peak_memory, time_once
+from benchmarks.normalizers import cpu_memory_setup, machine_description, median_times, peak_memory, time_once
 from fairseq_entmax.losses import fenchel_young_loss
 
 try:
@@ -88,19 +87,13 @@ def measure_shape(shape, rounds):
     benchmarks/normalizers.py: the allocator settings it needs would slow the timing).
     """
     logits, target, upstream = shape_inputs(shape)
-    device = logits.device
     entries = methods()
-    for _, _, fn in entries:  # warm-up
-        time_once(fn, logits, target, upstream, device)
-    times = {name: [] for name, _, _ in entries}
-    order = random.Random(0)
-    for round_index in range(rounds):
-        for name, _, fn in order.sample(entries, len(entries)):
-            times[name].append(time_once(fn, logits, target, upstream, device))
-        print(f"  {shape}: round {round_index + 1}/{rounds}", file=sys.stderr, flush=True)
+    timers = {
+        name: functools.partial(time_once, fn, logits, target, upstream, logits.device) for name, _, fn in entries
+    }
     with torch.no_grad():
         losses = {name: fn(logits, target).item() for name, _, fn in entries}
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}, losses
+    return {name: seconds * 1e3 for name, seconds in median_times(timers, rounds, shape).items()}, losses
 
 
 def memory_shape(shape, release_free_memory):
