@@ -15,15 +15,14 @@ Run:  python -m benchmarks.maps dropin [--rounds N] [--threads N]
 """
 
 import argparse
-import random
-import statistics
+import functools
 import sys
 import time
 
 import torch
 
 from benchmarks.machine import run_record
-from benchmarks.normalizers import machine_description
+from benchmarks.normalizers import machine_description, median_times
 from fairseq_entmax import entmax as dropin
 
 try:
@@ -89,19 +88,13 @@ def measure(rounds):
     results = {}
     for name, kind, call in cases():
         scores, target, alpha_logits, upstream = inputs(kind)
-        modules = {"package": package, "dropin": dropin}
-        times = {key: [] for key in modules}
-        outputs = {
-            key: forward_backward(call, m, scores, target, alpha_logits, upstream)[1] for key, m in modules.items()
+        runs = {
+            key: functools.partial(forward_backward, call, module, scores, target, alpha_logits, upstream)
+            for key, module in (("package", package), ("dropin", dropin))
         }
-        for _ in range(rounds):
-            order = list(modules)
-            random.shuffle(order)
-            for key in order:
-                times[key].append(forward_backward(call, modules[key], scores, target, alpha_logits, upstream)[0])
-        difference = (outputs["package"].double() - outputs["dropin"].double()).abs().max().item()
-        results[name] = (statistics.median(times["package"]), statistics.median(times["dropin"]), difference)
-        print(f"{name}: done", file=sys.stderr)
+        times = median_times({key: lambda run=run: run()[0] for key, run in runs.items()}, rounds, name)
+        difference = (runs["package"]()[1].double() - runs["dropin"]()[1].double()).abs().max().item()
+        results[name] = (times["package"], times["dropin"], difference)
     return results
 
 
@@ -127,7 +120,6 @@ def main():
     if package is None:
         sys.exit("the entmax package is not installed (the test extra, `make setup`): nothing to compare with")
     torch.set_num_threads(args.threads)
-    random.seed(0)
     results = measure(args.rounds)
     run_record(machine=machine_description(torch.device("cpu")))
     print(format_table(results))
