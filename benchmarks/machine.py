@@ -35,13 +35,15 @@ def run_record(device="cpu", machine=None, command=None):
     Args: device: what describe() names; machine: the machine's description, when it says more than
     describe() (None: describe(device)); command: the command line (None: sys.argv's).
     Returns: {"machine", "date", "commit", "command"}: the commit is this checkout's, with "+changes" when the
-    working tree differs from it, or None outside a git checkout.
+    working tree differs from it, or None outside a git checkout or without git.
     """
-    root = Path(__file__).resolve().parents[1]
-    git = ["git", "-C", str(root)]
-    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if commit and subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode:
-        commit += "+changes"
+    git = ["git", "-C", str(Path(__file__).resolve().parents[1])]
+    try:
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        if commit and subprocess.run([*git, "diff", "--quiet", "HEAD"], capture_output=True).returncode:
+            commit += "+changes"
+    except FileNotFoundError:  # no git on this machine
+        commit = None
     record = {
         "machine": machine or describe(device),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -353,10 +353,10 @@ def prepare_steps(args, plan):
     else:
         for url, name in task.downloads:
             path = layout.work / "downloads" / name
-            instead = f"offline? Copy that file to {path} yourself, or give --raw-dir DIR with plain text "
+            instead = f"offline? Copy that file to {path} yourself, or give --raw-dir DIR (plain text train/valid/test)"
             yield call_step(
                 f"# prepare: download {url} -> {path} (pipeline.download)",
-                lambda url=url, path=path, instead=instead: download(url, path, instead + "train/valid/test.{src,tgt}"),
+                lambda url=url, path=path, instead=instead: download(url, path, instead),
                 skip=prepared,
             )
         yield call_step(
