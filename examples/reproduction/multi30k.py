@@ -43,9 +43,9 @@ def fetch_multi30k(cache_dir=DEFAULT_CACHE, source=OFFICIAL_SOURCE):
     Raises PipelineError: a file cannot be downloaded (offline, not found, not gzip) or its checksum differs;
     the message names the file, the URL and `--data DIR`.
     """
+    instead = "give a folder with train/valid/test.{de,en} as --data DIR instead"
     for split, stem in OFFICIAL_STEMS.items():
         for lang in LANGUAGES:
             name = f"{split}.{lang}"
-            instead = "give a folder with train/valid/test.{de,en} as --data DIR instead"
             download(_url(source, f"{stem}.{lang}.gz"), Path(cache_dir) / name, instead, SHA256[name], gunzip=True)
     return Path(cache_dir)
