@@ -3,11 +3,14 @@ fairseq version it was written against, and undoes itself exactly, so that fairs
 without them can be compared in one process."""
 
 import logging
+import signal
+import subprocess
 import sys
 
 import fairseq
 import numpy as np
 import pytest
+import torch
 from fairseq.data import FairseqDataset
 
 from fairseq_entmax import repairs
@@ -101,3 +104,99 @@ def test_a_missing_symbol_stops_the_install_before_anything_is_replaced(plain_fa
     with pytest.raises(RuntimeError, match="has no fairseq.data.FairseqDataset.no_such_method"):
         repair.install()
     assert FairseqDataset.batch_by_size is before and not repair.installed
+
+
+# Training interrupted by Ctrl-C (Python's SIGINT handler raises KeyboardInterrupt) while
+# fairseq's BufferedIterator collates the next batch in its thread, with torch: each batch takes
+# long enough that one is always in hand when the interpreter exits.
+INTERRUPTED_WHILE_PREFETCHING = """
+import sys
+import torch
+from fairseq.data import iterators
+from fairseq_entmax import repairs
+
+if sys.argv[1] == "repaired":
+    repairs.install()
+
+
+class Batches:
+    def __len__(self):
+        return 10**6
+
+    def __iter__(self):
+        while True:
+            yield torch.cat([torch.randn(256, 512) for _ in range(64)]).sum(0)
+
+
+batches = iterators.BufferedIterator(10, Batches())
+for _ in range(3):
+    next(batches)
+raise KeyboardInterrupt
+"""
+
+
+def test_ctrl_c_while_fairseq_prefetches_ends_with_keyboard_interrupt(tmp_path):
+    """Plain fairseq aborts there: CPython ends the daemon thread inside torch's C++ frames
+    ("terminate called without an active exception", SIGABRT). Repaired, the thread stops before
+    the interpreter finalizes and the process ends as Python ends on Ctrl-C: the traceback, then
+    SIGINT."""
+    program = tmp_path / "program.py"
+    program.write_text(INTERRUPTED_WHILE_PREFETCHING, encoding="utf-8")
+    ended = subprocess.run([sys.executable, program, "repaired"], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
+    assert ended.stderr.rstrip().endswith("KeyboardInterrupt") and "terminate called" not in ended.stderr
+
+
+# Ctrl-C while fairseq writes a checkpoint: the third write of the file, which torch's C++ zip
+# writer calls, is interrupted.
+INTERRUPTED_WHILE_SAVING = """
+import os, signal, sys
+import torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+from fairseq_entmax import repairs
+
+if sys.argv[1] == "repaired":
+    repairs.install()
+
+
+class PressingCtrlC:
+    def __init__(self, file):
+        self.file, self.writes = file, 0
+
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.file.close()
+
+
+open_file = PathManager.open
+PathManager.open = lambda path, mode="r", **options: PressingCtrlC(open_file(path, mode, **options))
+checkpoint_utils.torch_persistent_save({"weights": torch.arange(10**6.0)}, sys.argv[2])
+print("training goes on")
+"""
+
+
+def test_ctrl_c_while_a_checkpoint_is_written_ends_once_it_is_in_place(tmp_path):
+    """Plain fairseq retries the save that the interrupt cut short, since torch.save reports
+    it as a RuntimeError, and goes on. Repaired, the checkpoint is written whole, then Python's
+    KeyboardInterrupt ends the process."""
+    program, checkpoint = tmp_path / "program.py", tmp_path / "checkpoint_last.pt"
+    program.write_text(INTERRUPTED_WHILE_SAVING, encoding="utf-8")
+    ended = subprocess.run(
+        [sys.executable, program, "repaired", checkpoint], capture_output=True, text=True, timeout=120
+    )
+    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
+    assert "training goes on" not in ended.stdout and ended.stderr.rstrip().endswith("KeyboardInterrupt")
+    assert torch.equal(torch.load(checkpoint)["weights"], torch.arange(10**6.0))
+    assert sorted(tmp_path.iterdir()) == sorted([checkpoint, program]), "a .tmp file was left"

@@ -93,12 +93,6 @@ def exit_with_status(main):
     """End this process as a pipeline program does: with the status `main()` returns, or on
     Ctrl-C with a line that says how to go on, and status 130 (what a shell reports for SIGINT).
 
-    After Ctrl-C the interpreter is left without finalizing: a fairseq command that ran in this
-    process (run_logged) leaves its batch-prefetching thread (fairseq's BackgroundConsumer)
-    running torch code, and an interpreter that finalizes under such a thread aborts ("terminate
-    called without an active exception"). What the stages wrote is on disk by then: the logs are
-    line-buffered and fairseq writes each checkpoint under a temporary name first.
-
     Args:
         main: the program's main function, called with no arguments (it reads sys.argv).
     """
@@ -106,9 +100,7 @@ def exit_with_status(main):
         status = main()
     except KeyboardInterrupt:
         print("\ninterrupted: the same command again goes on from the stages and checkpoints done", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
+        status = 130
     sys.exit(status)
 
 

@@ -4,17 +4,19 @@
   (torch >= 2.6 needs it for fairseq's checkpoints at all), and a refusal ends a command with
   its message and exit status 2;
 - evaluation_batches: generation and validation see every sentence (fairseq issue #5036);
-- sparse_beam_search: beam search ends every sentence when the output distribution is sparse.
+- sparse_beam_search: beam search ends every sentence when the output distribution is sparse;
+- interrupts: Ctrl-C during training ends the command, also while a checkpoint is written
+  (after it) or a batch prefetched (without aborting in torch).
 
 Each is a patching.Repair: `REPAIR.replaces` lists the fairseq symbols it replaces, its install
 checks the fairseq version it was written against, and `uninstall()` undoes it exactly, so that
 a test can compare with plain fairseq in one process.
 """
 
-from fairseq_entmax.repairs import checkpoint_safety, evaluation_batches, sparse_beam_search
+from fairseq_entmax.repairs import checkpoint_safety, evaluation_batches, interrupts, sparse_beam_search
 from fairseq_entmax.repairs.patching import FAIRSEQ_VERSION, Repair, Replacement
 
-REPAIRS = (checkpoint_safety.REPAIR, evaluation_batches.REPAIR, sparse_beam_search.REPAIR)
+REPAIRS = (checkpoint_safety.REPAIR, evaluation_batches.REPAIR, sparse_beam_search.REPAIR, interrupts.REPAIR)
 
 
 def install():
