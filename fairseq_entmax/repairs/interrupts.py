@@ -39,7 +39,7 @@ _exiting = threading.Event()
 
 def _deferring_ctrl_c(torch_persistent_save):
     def torch_persistent_save_then_interrupt(obj, filename, async_write=False):
-        # Only Python's own handler is deferred, in the thread that receives it.
+        # signal.signal works in the main thread only, and a SIGINT handler of the program's own is left alone.
         if threading.current_thread() is not threading.main_thread():
             return torch_persistent_save(obj, filename, async_write)
         if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
