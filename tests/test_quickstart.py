@@ -200,7 +200,7 @@ def test_quickstart_on_own_corpus_resumes_an_interrupted_training(tmp_path):
         pytest.fail(f"the run went on for 120 s after Ctrl-C; the end of its output:\n{output[-6000:]}")
     finished = (work / "models" / "softmax-seed1" / "train.done").exists()
     assert not finished, f"training finished before the interrupt (exit {proc.returncode}):\n{output[-3000:]}"
-    # Ended with a hint (tools.exit_with_status), not lost or aborted in torch (repairs.interrupts).
+    # Ended with a hint (tools.run_reporting_errors), not lost or aborted in torch (repairs.interrupts).
     assert proc.returncode == 130 and "interrupted: the same command again goes on" in output, output[-3000:]
     data_bin_stamp = (work / "data-bin" / "preprocess.done").stat().st_mtime
 

@@ -26,14 +26,7 @@ from examples.quickstart.quickstart import NORMALIZERS, OWN_CORPUS, PATIENCE, SI
 from fairseq_entmax.pipeline.corpus import SPLITS, check_parallel_corpus, write_first_lines
 from fairseq_entmax.pipeline.runner import call_step, command_step, dry_run, run_steps
 from fairseq_entmax.pipeline.tables import format_seconds
-from fairseq_entmax.pipeline.tools import (
-    PipelineError,
-    exit_with_status,
-    log,
-    recording_commands,
-    run_logged,
-    run_reporting_errors,
-)
+from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_logged, run_reporting_errors
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_UPDATE = 20000
@@ -234,4 +227,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    exit_with_status(main)
+    sys.exit(main())

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -41,7 +42,6 @@ from fairseq_entmax.pipeline.runner import call_step, command_step, dry_run, run
 from fairseq_entmax.pipeline.tables import format_seconds, format_table
 from fairseq_entmax.pipeline.tools import (
     PipelineError,
-    exit_with_status,
     log,
     recording_commands,
     run_logged,
@@ -696,4 +696,4 @@ def write_results(args, work, rows, corpus, max_update, patience):
 
 
 if __name__ == "__main__":
-    exit_with_status(main)
+    sys.exit(main())

@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from fairseq_entmax.pipeline.seeds import (
 )
 from fairseq_entmax.pipeline.tables import format_seconds, format_table
 from fairseq_entmax.pipeline.tokenization import detokenize_lines
-from fairseq_entmax.pipeline.tools import exit_with_status, log, recording_commands, run_reporting_errors, use_cpu
+from fairseq_entmax.pipeline.tools import log, recording_commands, run_reporting_errors, use_cpu
 from fairseq_entmax.pipeline.training import TrainSettings, model_size_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -585,4 +586,4 @@ def summarize(rows, args, counts, budget, significance, figure):
 
 
 if __name__ == "__main__":
-    exit_with_status(main)
+    sys.exit(main())

@@ -34,6 +34,7 @@ Stages (each skipped when finished; training resumes from checkpoint_last.pt):
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -48,13 +49,7 @@ from fairseq_entmax.pipeline.markers import done_with, mark_done
 from fairseq_entmax.pipeline.runner import call_step, dry_run, run_steps
 from fairseq_entmax.pipeline.seeds import paired_differences_section
 from fairseq_entmax.pipeline.tables import format_seconds
-from fairseq_entmax.pipeline.tools import (
-    PipelineError,
-    exit_with_status,
-    log,
-    recording_commands,
-    run_reporting_errors,
-)
+from fairseq_entmax.pipeline.tools import PipelineError, log, recording_commands, run_reporting_errors
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SHARED_DATA = REPO.parent / "shared" / "data"
@@ -511,4 +506,4 @@ def write_results(args, plan, started):
 
 
 if __name__ == "__main__":
-    exit_with_status(main)
+    sys.exit(main())

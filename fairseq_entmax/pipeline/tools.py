@@ -76,7 +76,8 @@ def run_reporting_errors(run, args):
 
     Returns:
         The exit status: 0; 2 after a PipelineError, 1 after a ToolError (its message, with the
-        tool's log, on stderr).
+        tool's log, on stderr); 130 after Ctrl-C (what a shell reports for SIGINT), with a line
+        that says how to go on.
     """
     try:
         run(args)
@@ -86,22 +87,10 @@ def run_reporting_errors(run, args):
     except ToolError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    return 0
-
-
-def exit_with_status(main):
-    """End this process as a pipeline program does: with the status `main()` returns, or on
-    Ctrl-C with a line that says how to go on, and status 130 (what a shell reports for SIGINT).
-
-    Args:
-        main: the program's main function, called with no arguments (it reads sys.argv).
-    """
-    try:
-        status = main()
     except KeyboardInterrupt:
         print("\ninterrupted: the same command again goes on from the stages and checkpoints done", file=sys.stderr)
-        status = 130
-    sys.exit(status)
+        return 130
+    return 0
 
 
 def log(message):
