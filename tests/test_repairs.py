@@ -145,6 +145,50 @@ def test_ctrl_c_while_fairseq_prefetches_ends_with_keyboard_interrupt(tmp_path):
     assert ended.stderr.rstrip().endswith("KeyboardInterrupt") and "terminate called" not in ended.stderr
 
 
+# Ctrl-C while fairseq logs a statistic to tensorboard: it lands after the scalar is queued
+# and before tensorboard's writer thread is woken, which then sleeps until its next flush.
+INTERRUPTED_WHILE_LOGGING = """
+import os, signal, sys, threading
+from fairseq.logging import progress_bar
+from fairseq_entmax import repairs
+
+repairs.install()
+bar = progress_bar.TensorboardProgressBarWrapper(progress_bar.NoopProgressBar([]), sys.argv[1])
+bar.log({"loss": 1.0}, tag="train", step=1)
+notify = threading.Condition.notify
+
+
+def pressing_ctrl_c(condition, n=1):
+    threading.Condition.notify = notify
+    os.kill(os.getpid(), signal.SIGINT)
+    return notify(condition, n)
+
+
+threading.Condition.notify = pressing_ctrl_c
+bar.log({"loss": 0.5}, tag="train", step=2)
+print("training goes on")
+"""
+
+
+def test_ctrl_c_while_logging_to_tensorboard_ends_at_once_with_the_log_written(tmp_path):
+    """Plain fairseq takes 2 minutes to end there: closing the writer at exit waits for the
+    writer thread, asleep until its flush interval (120 s) has passed. Repaired, the log is
+    written whole, then Python's KeyboardInterrupt ends the process."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    program, logs = tmp_path / "program.py", tmp_path / "tensorboard"
+    program.write_text(INTERRUPTED_WHILE_LOGGING, encoding="utf-8")
+    try:
+        ended = subprocess.run([sys.executable, program, logs], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process was still running 60 s after Ctrl-C")
+    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
+    assert "training goes on" not in ended.stdout and ended.stderr.rstrip().endswith("KeyboardInterrupt")
+    written = EventAccumulator(str(logs / "train"))
+    written.Reload()
+    assert [(event.step, event.value) for event in written.Scalars("loss")] == [(1, 1.0), (2, 0.5)]
+
+
 # Ctrl-C while fairseq writes a checkpoint: the third write of the file, which torch's C++ zip
 # writer calls, is interrupted.
 INTERRUPTED_WHILE_SAVING = """
