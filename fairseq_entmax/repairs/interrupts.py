@@ -22,7 +22,7 @@
 
 Without the repair, on a 2-core CPU, 1 of 15 fairseq-train runs and 2 of 15 quickstart runs
 (fairseq-train in its process) interrupted during training aborted, and in 3 of 156
-interrupted quickstart runs training went on. With only its other two parts, 1 of about 300
+interrupted quickstart runs training went on. With only its other two parts, 1 of about 640
 interrupted quickstart runs took 2 minutes to end. No fairseq issue was found for any of them.
 """
 
