@@ -133,16 +133,27 @@ raise KeyboardInterrupt
 """
 
 
+def ended_by_ctrl_c(tmp_path, source, *args, timeout=120):
+    """Run `source` as a program of its own; it must end as Python ends on Ctrl-C: the
+    KeyboardInterrupt traceback, then SIGINT. Returns the finished process."""
+    program = tmp_path / "program.py"
+    program.write_text(source, encoding="utf-8")
+    try:
+        ended = subprocess.run([sys.executable, program, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the process was still running {timeout} s after Ctrl-C")
+    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
+    assert ended.stderr.rstrip().endswith("KeyboardInterrupt"), ended.stderr[-2000:]
+    return ended
+
+
 def test_ctrl_c_while_fairseq_prefetches_ends_with_keyboard_interrupt(tmp_path):
     """Plain fairseq aborts there: CPython ends the daemon thread inside torch's C++ frames
     ("terminate called without an active exception", SIGABRT). Repaired, the thread stops before
     the interpreter finalizes and the process ends as Python ends on Ctrl-C: the traceback, then
     SIGINT."""
-    program = tmp_path / "program.py"
-    program.write_text(INTERRUPTED_WHILE_PREFETCHING, encoding="utf-8")
-    ended = subprocess.run([sys.executable, program], capture_output=True, text=True, timeout=120)
-    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
-    assert ended.stderr.rstrip().endswith("KeyboardInterrupt") and "terminate called" not in ended.stderr
+    ended = ended_by_ctrl_c(tmp_path, INTERRUPTED_WHILE_PREFETCHING)
+    assert "terminate called" not in ended.stderr
 
 
 # Ctrl-C while fairseq logs a statistic to tensorboard: it lands after the scalar is queued
@@ -176,14 +187,9 @@ def test_ctrl_c_while_logging_to_tensorboard_ends_at_once_with_the_log_written(t
     written whole, then Python's KeyboardInterrupt ends the process."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    program, logs = tmp_path / "program.py", tmp_path / "tensorboard"
-    program.write_text(INTERRUPTED_WHILE_LOGGING, encoding="utf-8")
-    try:
-        ended = subprocess.run([sys.executable, program, logs], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the process was still running 60 s after Ctrl-C")
-    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
-    assert "training goes on" not in ended.stdout and ended.stderr.rstrip().endswith("KeyboardInterrupt")
+    logs = tmp_path / "tensorboard"
+    ended = ended_by_ctrl_c(tmp_path, INTERRUPTED_WHILE_LOGGING, logs, timeout=60)
+    assert "training goes on" not in ended.stdout
     written = EventAccumulator(str(logs / "train"))
     written.Reload()
     assert [(event.step, event.value) for event in written.Scalars("loss")] == [(1, 1.0), (2, 0.5)]
@@ -232,10 +238,8 @@ def test_ctrl_c_while_a_checkpoint_is_written_ends_once_it_is_in_place(tmp_path)
     """Plain fairseq retries the save that the interrupt cut short, since torch.save reports
     it as a RuntimeError, and goes on. Repaired, the checkpoint is written whole, then Python's
     KeyboardInterrupt ends the process."""
-    program, checkpoint = tmp_path / "program.py", tmp_path / "checkpoint_last.pt"
-    program.write_text(INTERRUPTED_WHILE_SAVING, encoding="utf-8")
-    ended = subprocess.run([sys.executable, program, checkpoint], capture_output=True, text=True, timeout=120)
-    assert ended.returncode == -signal.SIGINT, ended.stderr[-2000:]
-    assert "training goes on" not in ended.stdout and ended.stderr.rstrip().endswith("KeyboardInterrupt")
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    ended = ended_by_ctrl_c(tmp_path, INTERRUPTED_WHILE_SAVING, checkpoint)
+    assert "training goes on" not in ended.stdout
     assert torch.equal(torch.load(checkpoint)["weights"], torch.arange(10**6.0))
-    assert sorted(tmp_path.iterdir()) == sorted([checkpoint, program]), "a .tmp file was left"
+    assert sorted(tmp_path.iterdir()) == sorted([checkpoint, tmp_path / "program.py"]), "a .tmp file was left"
