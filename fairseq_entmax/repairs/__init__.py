@@ -5,8 +5,8 @@
   its message and exit status 2;
 - evaluation_batches: generation and validation see every sentence (fairseq issue #5036);
 - sparse_beam_search: beam search ends every sentence when the output distribution is sparse;
-- interrupts: Ctrl-C during training ends the command, also while a checkpoint is written
-  (after it) or a batch prefetched (without aborting in torch).
+- interrupts: Ctrl-C during training ends the command, also while a checkpoint is written or
+  a statistic logged to tensorboard (after it), or a batch prefetched (without aborting in torch).
 
 Each is a patching.Repair: `REPAIR.replaces` lists the fairseq symbols it replaces, its install
 checks the fairseq version it was written against, and `uninstall()` undoes it exactly, so that
